@@ -1,0 +1,60 @@
+"""The Drafter protocol: what every proposer (n-gram, suffix, model, remote) implements.
+
+A drafter sees token histories, a per-sequence k and the sampling params, and
+returns up to k draft tokens per sequence. Deterministic drafters (n-gram,
+suffix, greedy model) return ids only: their q is one-hot. Sampled drafters
+also return the exact distribution q each token was drawn from, dense
+``[k, V]`` or sparse ``(ids [k, M], probs [k, M])``. After verification the
+drafter is told the outcome so it can update caches or statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from draftgate.types import SamplingParams
+
+__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter"]
+
+
+@dataclass(frozen=True)
+class SparseQ:
+    """q restricted to a support: probability 0 outside ``ids``."""
+
+    ids: torch.Tensor  # [k, M] int64
+    probs: torch.Tensor  # [k, M] float32, each row sums to 1 over its support
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    seq_id: int
+    tokens: Sequence[int]  # the full history (prompt + output so far); a live view, do not mutate
+    k: int  # the most draft tokens wanted (0 means none)
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    token_ids: list[int]  # len <= k; empty when the drafter has nothing to propose
+    q: torch.Tensor | SparseQ | None = None  # None: one-hot (deterministic draft); dense: [len, V]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One Draft per request, in order."""
+        ...
+
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
+        """Verification outcome of the last round; ``tokens`` is the updated full history."""
+        ...
+
+    def release(self, seq_id: int) -> None:
+        """The sequence ended: drop per-sequence state."""
+        ...

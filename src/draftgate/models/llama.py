@@ -1,0 +1,202 @@
+"""Llama-family forward pass over a paged KV cache (RMSNorm, RoPE, GQA attention, SwiGLU).
+
+One call runs a *ragged batch*: B sequences, each contributing 1..n new tokens,
+flattened to N = sum(n_b) rows so every matmul is one call. Attention gathers
+each sequence's context from the paged cache by flat slot index; the slots
+are written at absolute positions, so rolling back a sequence is only a
+bookkeeping change (the runner's ``truncate``) and never touches tensors.
+
+Weights are stored for fast small-M matmuls on CPU: decoding multiplies 1..K+1
+rows by each weight, where a pre-transposed contiguous ``x @ Wt`` runs about
+twice as fast as ``F.linear`` (measured in ../docs/BENCHMARKS.md). The tied
+lm_head keeps both layouts because from 4 rows up ``F.linear`` wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from draftgate.models.config import ModelConfig, rope_inv_freq
+
+__all__ = ["LlamaModel", "AttentionLayout", "KVCache"]
+
+
+@dataclass
+class AttentionLayout:
+    """Index tensors for one ragged forward, built once and shared by all layers.
+
+    B sequences, n_b new tokens each (N = sum n_b), S_b context length after the
+    new tokens are written. Padded layouts let one SDPA call serve the batch.
+    """
+
+    positions: torch.Tensor  # [N] int64 absolute position of each new token
+    write_slots: torch.Tensor  # [N] int64 flat KV slot where each new token's K/V goes
+    kv_gather: torch.Tensor  # [B, S_max] int64 flat slots of each sequence's context (padded)
+    q_index: torch.Tensor | None  # [B, T_max] int64 rows of the flat batch (None when B == 1)
+    unpad: torch.Tensor | None  # [N] int64 rows of the padded [B*T_max] layout (None when B == 1)
+    mask: torch.Tensor | None  # [B, 1, T_max, S_max] bool, True = attend (None: no mask needed)
+    logit_rows: torch.Tensor  # [R] int64 rows of the flat batch whose logits are wanted
+
+    @classmethod
+    def build(
+        cls,
+        new_lens: list[int],
+        ctx_slots: list[list[int]],
+        logits_per_seq: list[int],
+        device: torch.device,
+    ) -> AttentionLayout:
+        B = len(new_lens)
+        ctx_lens = [len(s) for s in ctx_slots]
+        positions: list[int] = []
+        write: list[int] = []
+        logit_rows: list[int] = []
+        row = 0
+        for n, slots, r in zip(new_lens, ctx_slots, logits_per_seq, strict=True):
+            S = len(slots)
+            positions.extend(range(S - n, S))
+            write.extend(slots[S - n :])
+            logit_rows.extend(range(row + n - r, row + n))
+            row += n
+        T_max, S_max = max(new_lens), max(ctx_lens)
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        kv_gather = as_t([s + [0] * (S_max - len(s)) for s in ctx_slots])  # [B, S_max]
+        q_index = unpad = mask = None
+        if B > 1:
+            starts = [0]
+            for n in new_lens[:-1]:
+                starts.append(starts[-1] + n)
+            q_index = as_t([[st + min(t, n - 1) for t in range(T_max)] for st, n in zip(starts, new_lens)])
+            unpad = as_t([b * T_max + t for b, n in enumerate(new_lens) for t in range(n)])
+        if B > 1 or T_max > 1:
+            q_pos = torch.arange(T_max, device=device)[None, :] + (as_t(ctx_lens) - as_t(new_lens))[:, None]
+            k_pos = torch.arange(S_max, device=device)[None, None, :]  # [1, 1, S_max]
+            mask = (k_pos <= q_pos[:, :, None]) & (k_pos < as_t(ctx_lens)[:, None, None])
+            mask = mask[:, None]  # [B, 1, T_max, S_max]
+        return cls(as_t(positions), as_t(write), kv_gather, q_index, unpad, mask, as_t(logit_rows))
+
+
+@dataclass
+class KVCache:
+    """The paged KV tensors: one flat slot axis (block_id * block_size + offset)."""
+
+    k: torch.Tensor  # [L, num_slots, H_kv, D]
+    v: torch.Tensor  # [L, num_slots, H_kv, D]
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, cfg.head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def copy_block(self, src: int, dst: int, block_size: int) -> None:
+        s, d = src * block_size, dst * block_size
+        self.k[:, d : d + block_size] = self.k[:, s : s + block_size]
+        self.v[:, d : d + block_size] = self.v[:, s : s + block_size]
+
+
+class _Weight:
+    """A [out, in] weight laid out for the matmul that is fastest at the row count used."""
+
+    def __init__(self, w: torch.Tensor, keep_rowmajor: bool) -> None:
+        self.wt = w.t().contiguous()  # [in, out]: best for 1..3 rows on CPU
+        self.w = w.contiguous() if keep_rowmajor else None  # [out, in]: F.linear from 4 rows up
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        if self.w is not None and x.shape[0] >= 4:
+            return F.linear(x, self.w)
+        return x @ self.wt
+
+
+class _Layer:
+    def __init__(self, w: dict[str, torch.Tensor], i: int, on_cpu: bool) -> None:
+        p = f"model.layers.{i}."
+        qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])  # [(H+2Hkv)*D, C]
+        gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])  # [2F, C]
+        keep = not on_cpu
+        self.qkv = _Weight(qkv, keep)
+        self.o = _Weight(w[p + "self_attn.o_proj.weight"], keep)
+        self.gate_up = _Weight(gate_up, keep)
+        self.down = _Weight(w[p + "mlp.down_proj.weight"], keep)
+        self.attn_norm = w[p + "input_layernorm.weight"]
+        self.ffn_norm = w[p + "post_attention_layernorm.weight"]
+
+
+class LlamaModel:
+    """Weights plus the forward pass. Holds no per-request state: KV lives in a KVCache."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        on_cpu = device.type == "cpu"
+        w = {k: v.to(device) for k, v in weights.items()}
+        self.dtype = w["model.embed_tokens.weight"].dtype
+        self.embed = w["model.embed_tokens.weight"]  # [V, C]
+        head = w.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
+        self.lm_head = _Weight(head, keep_rowmajor=True)
+        self.norm = w["model.norm.weight"]
+        self.layers = [_Layer(w, i, on_cpu) for i in range(cfg.num_layers)]
+        if not on_cpu:  # GPU: F.linear everywhere (the CPU kernel quirk does not apply)
+            for lw in [self.lm_head] + [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down)]:
+                lw.w = lw.wt.t().contiguous() if lw.w is None else lw.w
+        inv_freq = rope_inv_freq(cfg).to(device)  # [D/2]
+        self._inv_freq = inv_freq
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self._inv_freq[None, :]  # [N, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [N, D]
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]  # [N, 1, D]
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        return w * xf.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, layout: AttentionLayout, kv: KVCache) -> torch.Tensor:
+        """tokens [N] int64 -> logits [R, V] float32 for layout.logit_rows."""
+        cfg = self.cfg
+        N = tokens.shape[0]
+        H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        cos, sin = self._rope(layout.positions)  # [N, 1, D]
+        x = self.embed[tokens]  # [N, C]
+        for li, L in enumerate(self.layers):
+            h = self._rms(x, L.attn_norm)
+            qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
+            q = qkv[:, : H * D].view(N, H, D)
+            k = qkv[:, H * D : (H + Hkv) * D].view(N, Hkv, D)
+            v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = kv.k[li], kv.v[li]  # [num_slots, Hkv, D]
+            kc.index_copy_(0, layout.write_slots, k)
+            vc.index_copy_(0, layout.write_slots, v)
+            attn = self._attention(q, kc, vc, layout)  # [N, H*D]
+            x = x + L.o(attn)
+            h = self._rms(x, L.ffn_norm)
+            gu = L.gate_up(h)  # [N, 2F]
+            g, u = gu.chunk(2, dim=-1)
+            x = x + L.down(F.silu(g) * u)
+        x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
+        return self.lm_head(x).float()  # [R, V]
+
+    def _attention(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        N, H, D = q.shape
+        B, S_max = layout.kv_gather.shape
+        K = kc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+        V = vc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+        if layout.q_index is None:  # B == 1: the flat batch is the padded one
+            Q = q.view(1, N, H, D).transpose(1, 2)  # [1, H, N, D]
+        else:
+            Q = q[layout.q_index].transpose(1, 2)  # [B, H, T_max, D]
+        out = F.scaled_dot_product_attention(Q, K, V, attn_mask=layout.mask, enable_gqa=True)  # [B, H, T, D]
+        out = out.transpose(1, 2).reshape(-1, H * D)  # [B*T_max, H*D]
+        return out if layout.unpad is None else out[layout.unpad]  # [N, H*D]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

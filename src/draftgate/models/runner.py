@@ -1,0 +1,119 @@
+"""ModelRunner: the Target contract on our own model (prefill, ragged forward, truncate, free).
+
+The runner is the only owner of KV tensors. Bookkeeping (which slots a sequence
+owns, rollback, prefix sharing) is delegated to ``draftgate.kv.KVManager``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from draftgate.kv import KVManager
+from draftgate.models.llama import AttentionLayout, KVCache, LlamaModel
+from draftgate.models.loader import LoadedModel
+
+__all__ = ["ModelRunner", "ForwardItem"]
+
+
+@dataclass(frozen=True)
+class ForwardItem:
+    """One sequence's part of a ragged forward: append ``tokens`` and return logits for the last ``num_logits``."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    num_logits: int = 1
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        device: str | torch.device = "cpu",
+        num_blocks: int = 1024,
+        block_size: int = 16,
+        enable_prefix_cache: bool = True,
+    ) -> None:
+        self.device = torch.device(device)
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model = LlamaModel(loaded.config, loaded.weights, self.device)
+        self.kv = KVManager(num_blocks, block_size, enable_prefix_cache=enable_prefix_cache)
+        self.cache = KVCache.allocate(loaded.config, num_blocks * block_size, self.model.dtype, self.device)
+        self.block_size = block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # ------------------------------------------------------------------ sequences
+
+    def add_sequence(self, seq_id: int, prompt: Sequence[int]) -> int:
+        """Register a sequence; return how many prompt tokens the prefix cache already holds."""
+        return self.kv.add_sequence(seq_id, prompt)
+
+    def length(self, seq_id: int) -> int:
+        return self.kv.length(seq_id)
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        """Roll back: keep the first n tokens' KV (the rest is overwritten by later writes)."""
+        self.kv.truncate(seq_id, n)
+
+    def commit(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Tell the prefix cache which token ids the sequence's KV now holds."""
+        self.kv.commit(seq_id, tokens)
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        self.kv.fork(parent_id, child_id)
+
+    def free(self, seq_id: int) -> None:
+        if self.kv.has(seq_id):
+            self.kv.free(seq_id)
+
+    # -------------------------------------------------------------------- forward
+
+    def forward(self, items: Sequence[ForwardItem]) -> list[torch.Tensor]:
+        """Append each item's tokens to its sequence and run one batched forward.
+
+        Returns, per item, logits [num_logits, V] (float32) for its last positions.
+        If KV blocks run out nothing is appended (CapacityError from the manager).
+        """
+        assert items, "empty forward"
+        reserved: list[tuple[int, int]] = []
+        try:
+            for it in items:
+                assert 1 <= it.num_logits <= len(it.tokens), f"bad num_logits {it.num_logits}"
+                _, copies = self.kv.append_slots(it.seq_id, len(it.tokens))
+                reserved.append((it.seq_id, len(it.tokens)))
+                for c in copies:
+                    self.cache.copy_block(c.src, c.dst, self.block_size)
+        except BaseException:
+            for sid, n in reserved:  # all-or-nothing across the batch
+                self.kv.truncate(sid, self.kv.length(sid) - n)
+            raise
+        layout = AttentionLayout.build(
+            [len(it.tokens) for it in items],
+            [self.kv.slot_mapping(it.seq_id) for it in items],
+            [it.num_logits for it in items],
+            self.device,
+        )
+        flat = [t for it in items for t in it.tokens]
+        tokens = torch.tensor(flat, dtype=torch.int64, device=self.device)  # [N]
+        logits = self.model.forward(tokens, layout, self.cache)  # [R, V]
+        return list(logits.split([it.num_logits for it in items]))
+
+    def prefill(self, seq_id: int, prompt: Sequence[int], chunk: int = 512) -> torch.Tensor:
+        """Add a sequence and run its prompt; returns logits [V] of the last prompt token."""
+        cached = self.add_sequence(seq_id, prompt)
+        out = None
+        try:
+            for s in range(cached, len(prompt), chunk):
+                out = self.forward([ForwardItem(seq_id, prompt[s : s + chunk])])[0][-1]
+            self.commit(seq_id, prompt)
+        except BaseException:
+            self.free(seq_id)
+            raise
+        assert out is not None
+        return out
