@@ -133,10 +133,14 @@ def verify_sampling(
     draft_lens ``[B]``, p ``[B, K+1, V]`` target probabilities after the request's
     transforms, q as in ``DraftQ`` (the exact distribution each draft was drawn
     from, after the same transforms), uniforms_accept ``[B, K]`` and
-    uniforms_sample ``[B]`` in [0, 1).
+    uniforms_sample ``[B]`` in [0, 1), or ``[B, K+1]``: one per position, of which
+    the one at the stopping position num_accepted is used (callers that key
+    randomness by output position use this so no uniform is ever used twice).
     """
     B, K, V = _check_drafts(draft_ids, draft_lens, p)
-    assert uniforms_accept.shape == (B, K) and uniforms_sample.shape == (B,)
+    if uniforms_sample.dim() == 2:
+        assert uniforms_sample.shape == (B, K + 1)
+    assert uniforms_accept.shape == (B, K) and uniforms_sample.shape[0] == B
     _check_q(q, B, K, V)
     p = p.float()
     valid = torch.arange(K, device=p.device)[None, :] < draft_lens[:, None]  # [B, K]
@@ -162,5 +166,7 @@ def verify_sampling(
         dist = p_j  # [B, V]
 
     # 3. Sample it (sample_from_probs normalises).
+    if uniforms_sample.dim() == 2:
+        uniforms_sample = uniforms_sample.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     last = sample_from_probs(dist, uniforms_sample)  # [B]
     return _emit(draft_ids, num_accepted, last)

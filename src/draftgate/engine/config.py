@@ -1,0 +1,51 @@
+"""The engine's typed configuration, validated once at the edge (CLI, routes file, tests)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DrafterKind", "EngineConfig"]
+
+
+class DrafterKind(str, enum.Enum):
+    NONE = "none"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+    MODEL = "model"
+    QUANT = "quant"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    drafter: DrafterKind = DrafterKind.AUTO
+    k: int | None = None  # None: adaptive (goodput controller); 0..k_max: fixed
+    k_max: int = 8  # most draft tokens per round
+    draft_model: str | None = None  # for drafter=model (same tokenizer as the target)
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_blocks: int = 1024  # KV blocks (block_size tokens each) shared by all running requests
+    block_size: int = 16
+    max_batch: int = 16  # concurrently running sequences
+    max_queue: int = 256  # waiting requests before submit() refuses
+    enable_prefix_cache: bool = True
+    cache_dir: Path | None = None  # where dequantized GGUF weights are cached
+    ngram_max: int = 4
+
+    def validate(self) -> EngineConfig:
+        if not isinstance(self.drafter, DrafterKind):
+            raise ValueError(f"unknown drafter {self.drafter!r}; choose from {[d.value for d in DrafterKind]}")
+        if not 0 <= self.k_max <= 32:
+            raise ValueError(f"k_max must be in [0, 32], got {self.k_max}")
+        if self.k is not None and not 0 <= self.k <= self.k_max:
+            raise ValueError(f"k must be in [0, k_max={self.k_max}] or auto, got {self.k}")
+        if self.drafter == DrafterKind.MODEL and not self.draft_model:
+            raise ValueError("drafter 'model' needs --draft-model PATH (a Llama-family model with the same tokenizer)")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.num_blocks < 1 or self.block_size < 1 or self.max_batch < 1 or self.max_queue < 1:
+            raise ValueError("num_blocks, block_size, max_batch and max_queue must be positive")
+        return self

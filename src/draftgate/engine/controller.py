@@ -1,0 +1,363 @@
+"""Adaptive K: how many draft tokens a request speculates each round.
+
+The controller maximizes *goodput*, the request's expected emitted tokens per
+second of step time (the marginal view: its own tokens over the whole step):
+
+    goodput(K) = E[tokens | K] / (t_draft(K) + t_forward(other + K + 1))
+
+E[tokens | K] = 1 + sum_{j=1..K} prod_{i<=j} alpha_i counts the recovered or
+bonus token, so plain decoding (K = 0) emits exactly 1. alpha_i is the
+conditional acceptance of draft position i given 1..i-1 were accepted,
+estimated per request over a sliding window of verified rounds.
+
+Costs are *measured, never configured*: the engine times every target forward
+and draft call and feeds them to one shared `CostModel`. Only ratios matter,
+so the cold-start prior is in arbitrary units. Measured costs need not be
+monotone in K (on AVX2 CPUs a 2-3 row forward costs more than a 5 row one);
+the controller takes them as they are, and treats sizes never measured
+optimistically so that it runs each once and learns its real cost.
+
+Pure Python, no torch, no I/O; each call is O(K_max) plus a few bisections.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Final
+
+__all__ = ["AcceptanceTracker", "CostModel", "GoodputController"]
+
+EXACT_BUCKETS: Final = 64  # forward sizes 1..64 each get a cost bucket
+COARSE_PER_DOUBLING: Final = 4  # above that, 4 geometric buckets per doubling of tokens
+PRIOR_SLOPE: Final = 0.25  # cold-start prior: forward_time(n) = 1 + 0.25 * (n - 1)
+NEAR_TIE: Final = 0.02  # goodputs within 2% tie; the smaller K wins (K = 0 included)
+OPTIMISM: Final = 1.5  # posterior sds added to each alpha before K = 0 may be concluded
+SURPRISE: Final = 0.01  # a probe this unlikely under the window's estimates discards the window
+
+
+def _prior(n: float) -> float:
+    return 1.0 + PRIOR_SLOPE * (n - 1)
+
+
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0.0 else math.inf
+
+
+def _bucket(n: int) -> int:
+    if n <= EXACT_BUCKETS:
+        return n
+    j = max(1, round(COARSE_PER_DOUBLING * math.log2(n / EXACT_BUCKETS)))
+    return round(EXACT_BUCKETS * 2 ** (j / COARSE_PER_DOUBLING))
+
+
+def _check(num_tokens: int, low: int, seconds: float) -> None:
+    if num_tokens < low:
+        raise ValueError(f"num_tokens must be >= {low}, got {num_tokens!r}")
+    if not (seconds >= 0.0 and math.isfinite(seconds)):
+        raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+
+
+class CostModel:
+    """Measured costs of target forwards and draft calls, shared by one engine.
+
+    Forward time is an EMA per token-count bucket: exact for 1..64 tokens, then
+    geometric buckets inside which time is taken as proportional to tokens (such
+    forwards are compute-bound). A size never measured is interpolated between
+    measured neighbours; below them the smallest is scaled by the prior's shape,
+    above them a line a + b*n fitted to the buckets (b >= 0) extends the largest.
+    With optimistic=True an unmeasured size is instead as cheap as the cheapest
+    measured smaller one (proportionally less below all of them): a forward over
+    more tokens may cost *less* (see the module docstring), so only running it
+    tells. Draft time is overhead + per_token * k per drafter, from an
+    EMA-weighted regression of (tokens, seconds).
+    """
+
+    def __init__(self, ema: float = 0.2) -> None:
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {ema!r}")
+        self.ema = ema
+        self._fwd: dict[int, float] = {}  # bucket -> EMA seconds (at the bucket's size)
+        self._keys: list[int] = []  # measured buckets, sorted
+        self._prefix_min: list[float] | None = None  # [i]: min time of keys[:i+1]; lazy
+        self._slope: float | None = None  # fitted b; lazy
+        self._draft: dict[str, list[float]] = {}  # drafter -> EMA of [n, t, n*n, n*t]
+
+    def observe_forward(self, num_tokens: int, seconds: float) -> None:
+        """One target forward over num_tokens tokens in total (all sequences) took seconds."""
+        _check(num_tokens, 1, seconds)
+        key = _bucket(num_tokens)
+        t = seconds * key / num_tokens  # exact buckets: key == num_tokens
+        old = self._fwd.get(key)
+        if old is None:
+            insort(self._keys, key)
+            self._fwd[key] = t
+        else:
+            self._fwd[key] = old + self.ema * (t - old)
+        self._prefix_min = self._slope = None
+
+    def measured(self, n: int) -> bool:
+        """Whether a forward of n tokens (its bucket) has been timed."""
+        return _bucket(n) in self._fwd
+
+    def forward_time(self, n: int, optimistic: bool = False) -> float:
+        """Estimated seconds of a forward over n tokens (prior units before any observation)."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n!r}")
+        keys = self._keys
+        if not keys:
+            return _prior(n)
+        key = _bucket(n)
+        t = self._fwd.get(key)
+        if t is not None:
+            return t * n / key
+        i = bisect_left(keys, n)
+        if i == 0:  # below every measurement
+            lo = keys[0]
+            return self._fwd[lo] * (n / lo if optimistic else _prior(n) / _prior(lo))
+        if optimistic:
+            if self._prefix_min is None:
+                self._prefix_min, low = [], math.inf
+                for k in keys:
+                    low = min(low, self._fwd[k])
+                    self._prefix_min.append(low)
+            return self._prefix_min[i - 1]
+        if i == len(keys):  # above every measurement
+            return self._fwd[keys[-1]] + self._fitted_slope() * (n - keys[-1])
+        lo, hi = keys[i - 1], keys[i]
+        t_lo, t_hi = self._fwd[lo], self._fwd[hi]
+        return t_lo + (t_hi - t_lo) * (n - lo) / (hi - lo)
+
+    def _fitted_slope(self) -> float:
+        if self._slope is None:
+            xs = self._keys
+            ys = [self._fwd[x] for x in xs]
+            if len(xs) == 1:
+                self._slope = ys[0] * PRIOR_SLOPE / _prior(xs[0])
+            else:
+                mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+                cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+                self._slope = max(0.0, cov / sum((x - mx) ** 2 for x in xs))
+        return self._slope
+
+    def observe_draft(self, drafter: str, num_tokens: int, seconds: float) -> None:
+        """One call of drafter that proposed num_tokens tokens took seconds."""
+        _check(num_tokens, 0, seconds)
+        x = (float(num_tokens), seconds, float(num_tokens) ** 2, num_tokens * seconds)
+        m = self._draft.get(drafter)
+        if m is None:
+            self._draft[drafter] = list(x)
+            return
+        for j in range(4):
+            m[j] += self.ema * (x[j] - m[j])
+
+    def draft_time(self, drafter: str, k: int) -> float:
+        """Estimated seconds for drafter to propose k tokens; 0 for k == 0 or before any call."""
+        m = self._draft.get(drafter)
+        if k <= 0 or m is None:
+            return 0.0
+        mn, mt, mnn, mnt = m
+        var = mnn - mn * mn
+        if var < 0.25:  # (nearly) one size seen: overhead and per-token cost are confounded
+            return mt * k / mn if mn >= 0.5 else mt  # per-token: the safe guess for models
+        slope = (mnt - mn * mt) / var
+        overhead = mt - slope * mn
+        if slope < 0.0:
+            slope, overhead = 0.0, mt
+        elif overhead < 0.0:
+            slope, overhead = mt / mn, 0.0
+        return overhead + slope * k
+
+
+class AcceptanceTracker:
+    """Per-position conditional acceptance of one request over its last `window` rounds.
+
+    A round that drafted k tokens and accepted a of them tried positions
+    1..min(a+1, k) and accepted 1..a. The estimate is
+    alpha_i = (accepted_i + w * m_i) / (tried_i + w) with w = prior_weight and
+    prior mean m_1 = prior_alpha, m_i = alpha_{i-1}: a position the request
+    rarely reaches inherits the one before it rather than a fixed guess.
+    """
+
+    def __init__(
+        self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0
+    ) -> None:
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max!r}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        if not 0.0 <= prior_alpha <= 1.0:
+            raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha!r}")
+        if not prior_weight > 0.0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
+        self.k_max, self.window = k_max, window
+        self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
+        self._rounds: deque[tuple[int, int]] = deque()  # (k, accepted), oldest first
+        self._tried = [0] * k_max  # [i]: rounds in the window that reached position i+1
+        self._acc = [0] * k_max  # [i]: rounds in the window that accepted position i+1
+
+    def __len__(self) -> int:
+        """Rounds currently in the window."""
+        return len(self._rounds)
+
+    def record(self, k: int, accepted: int) -> None:
+        """A verified round drafted k tokens and kept the first `accepted` (k == 0: ignored)."""
+        if not 0 <= k <= self.k_max:
+            raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
+        if not 0 <= accepted <= k:
+            raise ValueError(f"accepted must be in [0, {k}], got {accepted!r}")
+        if k == 0:
+            return
+        if len(self._rounds) == self.window:  # ring buffer: drop the oldest in O(1)
+            self._add(*self._rounds.popleft(), sign=-1)
+        self._rounds.append((k, accepted))
+        self._add(k, accepted, sign=1)
+
+    def _add(self, k: int, accepted: int, sign: int) -> None:
+        for i in range(min(accepted + 1, k)):
+            self._tried[i] += sign
+        for i in range(accepted):
+            self._acc[i] += sign
+
+    def clear(self) -> None:
+        """Forget every round (the estimates return to the prior)."""
+        self._rounds.clear()
+        self._tried = [0] * self.k_max
+        self._acc = [0] * self.k_max
+
+    def alphas(self, k: int | None = None, z: float = 0.0) -> list[float]:
+        """alpha_1..alpha_k (default k_max); z > 0 adds z posterior sds (capped at 1)."""
+        k = self.k_max if k is None else k
+        if not 0 <= k <= self.k_max:
+            raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
+        out, m, w = [], self.prior_alpha, self.prior_weight
+        for i in range(k):
+            n = self._tried[i] + w
+            m = (self._acc[i] + w * m) / n  # the mean, and the next position's prior mean
+            out.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (n + 1.0))) if z else m)
+        return out
+
+    def expected_tokens(self, k: int, z: float = 0.0) -> float:
+        """Expected tokens emitted by a round drafting k: 1 + sum_j prod_{i<=j} alpha_i."""
+        total, run = 1.0, 1.0
+        for a in self.alphas(k, z):
+            run *= a
+            total += run
+        return total
+
+    def prob_at_least(self, m: int) -> float:
+        """P(a round accepts at least m drafts) = prod_{i<=m} alpha_i under the estimates."""
+        return math.prod(self.alphas(m))
+
+
+def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
+    out, total, run = [], 1.0, 1.0
+    for a, step in zip(alphas, steps, strict=True):
+        run *= a
+        total += run
+        out.append(_rate(total, step))
+    return out
+
+
+class GoodputController:
+    """Chooses K in [0, k_max] for one request each round; see the module docstring.
+
+    Call `choose_k` once per round and `record` the verified outcome. K > 0 is
+    the best expected goodput (near-ties to the smaller K). K = 0 (plain
+    decoding) is chosen only when even optimistic alphas (mean + 1.5 sd) lose;
+    until then the optimistic best K runs, so a streak of bad luck cannot park
+    the request at K = 0, where only probes refresh the estimates. At K = 0 it
+    drafts `probe_k` (default k_max) once after `probe_interval` consecutive
+    zero rounds; a probe that confirms K = 0 doubles the interval (up to
+    max_probe_interval), and any round where speculation wins resets it. A probe
+    far better than the window predicts (P < 1%) discards the stale window.
+    """
+
+    def __init__(
+        self,
+        k_max: int,
+        drafter: str,
+        probe_interval: int = 8,
+        max_probe_interval: int = 128,
+        probe_k: int | None = None,
+        window: int = 64,
+    ) -> None:
+        if not 1 <= probe_interval <= max_probe_interval:
+            raise ValueError("need 1 <= probe_interval <= max_probe_interval")
+        self.tracker = AcceptanceTracker(k_max, window=window)  # validates k_max and window
+        probe_k = k_max if probe_k is None else probe_k
+        if k_max > 0 and not 1 <= probe_k <= k_max:
+            raise ValueError(f"probe_k must be in [1, {k_max}], got {probe_k!r}")
+        self.k_max, self.drafter = k_max, drafter
+        self.probe_interval, self.max_probe_interval = probe_interval, max_probe_interval
+        self.probe_k = probe_k if k_max > 0 else 0
+        self.interval = probe_interval  # current back-off interval
+        self.last_k = 0
+        self.probes = 0
+        self._zero_run = 0  # consecutive K = 0 rounds since the last probe
+        self._probing = False  # the last choose_k returned a probe ...
+        self._probe_seen = False  # ... and its outcome has been recorded
+
+    def choose_k(self, cost: CostModel, other_tokens: int = 0) -> int:
+        """K for this round; other_tokens = tokens other sequences put in the same forward."""
+        if other_tokens < 0:
+            raise ValueError(f"other_tokens must be >= 0, got {other_tokens!r}")
+        k = self._best_k(cost, other_tokens)
+        if self._probing:
+            self._probing = False
+            if k == 0 and self._probe_seen:  # the probe confirmed plain decoding: back off
+                self.interval = min(2 * self.interval, self.max_probe_interval)
+        if k > 0:
+            self.interval, self._zero_run = self.probe_interval, 0
+        elif self.k_max > 0 and self._zero_run >= self.interval:
+            self._zero_run, self._probing, self._probe_seen = 0, True, False
+            self.probes += 1
+            k = self.probe_k
+        else:
+            self._zero_run += 1
+        self.last_k = k
+        return k
+
+    def _best_k(self, cost: CostModel, other_tokens: int) -> int:
+        if self.k_max == 0:
+            return 0
+        # 1. Expected goodput per K; unmeasured forward sizes priced optimistically.
+        plain = other_tokens + 1
+        bar = _rate(1.0, cost.forward_time(plain, optimistic=True)) * (1.0 + NEAR_TIE)
+        steps = [
+            cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
+            for k in range(1, self.k_max + 1)
+        ]
+        mean = _goodputs(self.tracker.alphas(), steps)
+        best = max(mean)
+        if best >= bar:
+            return next(k for k, g in enumerate(mean, start=1) if g >= best * (1.0 - NEAR_TIE))
+        # 2. Plain decoding looks best. If its cost is still a guess, run it and measure.
+        if not cost.measured(plain):
+            return 0
+        # 3. Deviation from a pure argmax: keep exploring while optimistic alphas still win.
+        upper = _goodputs(self.tracker.alphas(z=OPTIMISM), steps)
+        k = mean.index(max(mean)) + 1
+        return k if max(upper) >= bar else 0
+
+    def record(self, k: int, accepted: int) -> None:
+        """Outcome of the round: k drafts verified, the first `accepted` kept (k == 0: ignored)."""
+        if k == 0:
+            return
+        if self._probing and not self._probe_seen:
+            self._probe_seen = True
+            if self.tracker.prob_at_least(accepted) < SURPRISE:
+                self.tracker.clear()  # the window predates a change: start again from the probe
+        self.tracker.record(k, accepted)
+
+    def snapshot(self) -> dict[str, object]:
+        """Small stats view: alphas, back-off interval, last K, probes so far."""
+        return {
+            "alphas": [round(a, 4) for a in self.tracker.alphas()],
+            "interval": self.interval,
+            "last_k": self.last_k,
+            "zero_run": self._zero_run,
+            "probes": self.probes,
+            "window_rounds": len(self.tracker),
+        }

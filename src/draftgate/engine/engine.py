@@ -1,0 +1,373 @@
+"""The engine: continuous batching of requests over one target and one drafter.
+
+A background thread owns the model (a forward is blocking, CPU-bound work) and
+runs the loop: admit waiting requests (prefill), run one speculative step over
+all running ones, hand emitted tokens to each request's sink, free finished
+ones. Callers talk to it through ``submit`` (thread-safe), ``generate`` (async
+iterator) or ``complete`` (blocking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from draftgate.drafters.base import Drafter
+from draftgate.engine.controller import CostModel, GoodputController
+from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
+from draftgate.engine.step import speculative_step, target_choice
+from draftgate.errors import BadRequestError, CapacityError
+from draftgate.models.runner import ModelRunner
+from draftgate.models.tokenizer import Message
+from draftgate.types import SamplingParams, SpecStats
+
+__all__ = ["Engine", "Chunk", "Completion"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one request gets after a round: new tokens, their text, and at the end the reason."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    stats: SpecStats | None = None  # set on the final chunk
+    prompt_tokens: int = 0
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    stats: SpecStats
+    elapsed_s: float
+    first_token_s: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+Sink = Callable[[Chunk], None]
+
+
+@dataclass
+class _Req:
+    seq: SequenceState
+    sink: Sink
+    controller: GoodputController | None
+    reserved_blocks: int
+    detok: _Detok
+    cancelled: bool = False
+    started: bool = False
+
+
+@dataclass
+class _Detok:
+    """Incremental detokenization that never splits a multi-byte character or a stop string."""
+
+    checker: StopChecker
+    sent: int = 0  # characters of text already sent
+    ids: list[int] = field(default_factory=list)
+
+    def delta(self, tok_decode: Callable[[list[int]], str], new: list[int], final: bool) -> str:
+        self.ids.extend(new)
+        text = self.checker.trim_text(tok_decode(self.ids))
+        if not final:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: wait for more bytes
+            hold = self.checker.max_stop_len  # a stop string may be forming
+            text = text[: max(self.sent, len(text) - hold)] if hold else text
+        out, self.sent = text[self.sent :], max(self.sent, len(text))
+        return out
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        drafter: Drafter | None,
+        k: int | None = None,
+        k_max: int = 8,
+        max_batch: int = 16,
+        max_queue: int = 256,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = runner.tokenizer
+        self.drafter = drafter
+        self.k = k
+        self.k_max = k_max if drafter is not None else 0
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.cost = CostModel()
+        self.stats = SpecStats(drafter=drafter.name if drafter else "none")
+        self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
+        self._waiting: deque[_Req] = deque()
+        self._running: list[_Req] = []
+        self._reserved = 0
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.speculation_enabled = drafter is not None
+
+    # ----------------------------------------------------------------- public API
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="draftgate-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt) if raw else self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        else:
+            _check_messages(prompt)
+            ids = self.tokenizer.encode_chat(prompt)
+        if not ids:
+            raise BadRequestError("the prompt is empty")
+        return ids
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Callable[[], None]:
+        """Queue a request; returns a cancel function. Raises BadRequestError / CapacityError."""
+        params.validate()
+        ctx = self.runner.config.max_position_embeddings
+        if len(prompt_ids) + params.max_new_tokens > ctx:
+            raise BadRequestError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
+            )
+        V = self.runner.vocab_size
+        if any(not 0 <= t < V for t in prompt_ids):
+            raise BadRequestError(f"prompt token ids must be in [0, {V})")
+        need = self._blocks_for(len(prompt_ids) + params.max_new_tokens + self.k_max + 1)
+        if need > self.runner.kv.num_blocks:
+            raise BadRequestError(
+                f"request needs {need} KV blocks but the cache has {self.runner.kv.num_blocks}; "
+                "lower max_tokens or start the engine with more --kv-blocks"
+            )
+        if self._inbox.qsize() + len(self._waiting) >= self.max_queue:
+            raise CapacityError("the engine's queue is full; retry later")
+        gen = torch.Generator()
+        gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
+        seq = SequenceState(
+            prompt=list(prompt_ids), params=params, rand=PositionRandom(gen), stop=StopChecker(self.tokenizer, params)
+        )
+        seq.stats.drafter = self.stats.drafter
+        ctl = None
+        if self.drafter is not None and self.k is None and self.k_max > 0:
+            ctl = GoodputController(self.k_max, self.drafter.name)
+        req = _Req(seq, sink, ctl, need, _Detok(seq.stop))
+        self._inbox.put(req)
+        self._wake.set()
+
+        def cancel() -> None:
+            req.cancelled = True
+            self._wake.set()
+
+        return cancel
+
+    async def generate(
+        self, prompt: str | Sequence[Message] | list[int], params: SamplingParams, raw: bool = False
+    ) -> AsyncIterator[Chunk]:
+        """Stream chunks for one request; cancelling the iterator cancels the request."""
+        ids = prompt if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Chunk] = asyncio.Queue()
+        cancel = self.submit(list(ids), params, lambda c: loop.call_soon_threadsafe(q.put_nowait, c))
+        self.start()
+        try:
+            while True:
+                c = await q.get()
+                yield c
+                if c.finish_reason is not None:
+                    return
+        finally:
+            cancel()
+
+    def complete(
+        self,
+        prompt: str | Sequence[Message] | list[int],
+        params: SamplingParams,
+        raw: bool = False,
+        on_chunk: Sink | None = None,
+    ) -> Completion:
+        """Blocking: run one request to the end."""
+        ids = list(prompt) if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
+        q: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        t0 = time.perf_counter()
+        first = None
+        self.submit(ids, params, q.put)
+        self.start()
+        toks: list[int] = []
+        text = []
+        while True:
+            c = q.get()
+            if first is None and c.token_ids:
+                first = time.perf_counter() - t0
+            if on_chunk is not None:
+                on_chunk(c)
+            toks.extend(c.token_ids)
+            text.append(c.text)
+            if c.finish_reason is not None:
+                if c.finish_reason == "error":
+                    raise RuntimeError(c.error or "generation failed")
+                assert c.stats is not None
+                el = time.perf_counter() - t0
+                return Completion("".join(text), toks, len(ids), c.finish_reason, c.stats, el, first or el)
+
+    def kv_stats(self) -> dict[str, int]:
+        return self.runner.kv.stats()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + self._inbox.qsize()
+
+    # ---------------------------------------------------------------- the loop
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        bs = self.runner.block_size
+        return (n_tokens + bs - 1) // bs
+
+    def _loop(self) -> None:
+        while not self._stop:
+            try:
+                self._turn()
+            except Exception as e:  # never leave callers hanging on a dead loop
+                for r in list(self._running) + list(self._waiting):
+                    self._finish(r, "error", error=f"engine failure: {type(e).__name__}: {e}")
+                self._waiting.clear()
+
+    def _turn(self) -> None:
+        if True:
+            self._drain_inbox()
+            self._reap_cancelled()
+            if not self._running and not self._waiting:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                return
+            self._admit_one()
+            if self._running:
+                self._step()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _reap_cancelled(self) -> None:
+        for r in [r for r in self._waiting if r.cancelled]:
+            self._waiting.remove(r)
+            r.sink(Chunk([], "", "abort", stats=r.seq.stats))
+        for r in [r for r in self._running if r.cancelled]:
+            self._finish(r, "abort")
+
+    def _admit_one(self) -> None:
+        """Prefill one waiting request (one per loop turn keeps running requests flowing)."""
+        if not self._waiting or len(self._running) >= self.max_batch:
+            return
+        r = self._waiting[0]
+        if self._reserved + r.reserved_blocks > self.runner.kv.num_blocks:
+            return  # waits until running requests free their blocks
+        self._waiting.popleft()
+        s = r.seq
+        try:
+            logits = self.runner.prefill(s.seq_id, s.prompt)[None]  # [1, V]
+            first = int(target_choice(logits, s, s.rand.get(0, 1))[0])
+        except Exception as e:  # a failed prefill fails this request only
+            self.runner.free(s.seq_id)
+            r.sink(Chunk([], "", "error", error=f"{type(e).__name__}: {e}", stats=s.stats))
+            return
+        self._reserved += r.reserved_blocks
+        self._running.append(r)
+        self._emit(r, s.append([first]))
+
+    def _choose_k(self, r: _Req, other_tokens: int) -> int:
+        if self.drafter is None or not self.speculation_enabled:
+            return 0
+        remaining = r.seq.params.max_new_tokens - len(r.seq.output)
+        k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens)
+        return max(0, min(k or 0, remaining - 1, self.k_max))
+
+    def _step(self) -> None:
+        batch = list(self._running)
+        ks = [self._choose_k(r, len(batch) - 1) for r in batch]
+        try:
+            res = speculative_step(self.runner, self.drafter, [r.seq for r in batch], ks)
+        except Exception as e:
+            for r in batch:  # the target failed: a clear error to each request, KV freed
+                self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+            return
+        self.cost.observe_forward(res.forward_tokens, res.forward_s)
+        drafted_total = sum(res.drafted)
+        if drafted_total and self.drafter is not None:
+            self.cost.observe_draft(self.drafter.name, drafted_total, res.draft_s)
+        with self._lock:
+            for r, emitted, k, a in zip(batch, res.emitted, res.drafted, res.accepted, strict=True):
+                r.seq.stats.record_round(k, a, a + 1)
+                self.stats.record_round(k, a, a + 1)
+                if r.controller is not None and k:
+                    r.controller.record(k, a)
+                if self.drafter is not None and k:
+                    self.drafter.observe(r.seq.seq_id, r.seq.history, k, a)
+            self.stats.draft_time_s += res.draft_s
+            self.stats.verify_time_s += res.forward_s
+        for r, emitted in zip(batch, res.emitted, strict=True):
+            self._emit(r, emitted)
+
+    def _emit(self, r: _Req, tokens: list[int]) -> None:
+        s = r.seq
+        if s.finish_reason is not None:
+            self._finish(r, s.finish_reason, tokens)
+            return
+        text = r.detok.delta(self.tokenizer.decode, tokens, final=False)
+        r.sink(Chunk(tokens, text, prompt_tokens=len(s.prompt)))
+
+    def _finish(self, r: _Req, reason: str, tokens: list[int] | None = None, error: str | None = None) -> None:
+        """Every path that ends a request comes here: KV freed, drafter state dropped, sink told."""
+        if r in self._running:
+            self._running.remove(r)
+            self._reserved -= r.reserved_blocks
+        self.runner.free(r.seq.seq_id)
+        if self.drafter is not None:
+            self.drafter.release(r.seq.seq_id)
+        toks = tokens or []
+        text = r.detok.delta(self.tokenizer.decode, toks, final=True) if reason != "error" else ""
+        r.sink(Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt)))
+
+
+def _is_ids(prompt: object) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and bool(prompt)
+
+
+def _check_messages(messages: Sequence[Message]) -> None:
+    if not messages:
+        raise BadRequestError("messages must not be empty")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise BadRequestError("each message needs a string 'role' and a string 'content'")
+        if m["role"] not in ("system", "user", "assistant"):
+            raise BadRequestError(f"unknown message role {m['role']!r} (use system, user or assistant)")

@@ -1,0 +1,114 @@
+"""The speculative step: draft -> one batched target forward -> verify -> rollback -> emit.
+
+For a batch of running sequences with per-sequence draft lengths k_i:
+
+1. the drafter proposes up to k_i tokens per sequence;
+2. one ragged target forward runs [pending token, drafts...] for every sequence
+   and returns logits at all k_i + 1 positions;
+3. verification decides how many drafts each sequence keeps (jagged acceptance)
+   and the one extra token it emits (recovered or bonus);
+4. each sequence's KV is truncated to its accepted length (the rollback);
+5. emitted tokens are appended, cut exactly where plain decoding would stop.
+
+Deterministic drafts (n-gram, suffix, greedy model: one-hot q) are verified by
+*matching*: the target's own choice at each position (argmax, or a sample from p
+with the position's uniform) is computed and drafts are accepted while they equal
+it. With one-hot q this is the rejection rule (accept x with prob p(x); on
+rejection the residual is p without x, renormalized) under a coupling that makes
+the output identical to plain decoding with the same seed. Drafts that carry a
+sampled q go through ``verify_sampling`` (exact rejection sampling).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from draftgate.drafters.base import Draft, Drafter, DraftRequest, SparseQ
+from draftgate.engine.sequence import SequenceState
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.sampling import logits_to_probs, sample_from_probs
+from draftgate.verify import verify_sampling
+
+__all__ = ["StepResult", "speculative_step", "target_choice"]
+
+_NO_DRAFT = Draft(token_ids=[])
+
+
+@dataclass(frozen=True)
+class StepResult:
+    emitted: list[list[int]]  # per sequence, tokens kept this round (after stop cuts)
+    drafted: list[int]  # per sequence, draft tokens verified
+    accepted: list[int]  # per sequence, drafts accepted
+    draft_s: float
+    forward_s: float
+    forward_tokens: int
+
+
+def target_choice(logits: torch.Tensor, seq: SequenceState, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token plain decoding would pick at each row: logits [n, V], uniforms [n, 2] -> [n]."""
+    p = seq.params
+    if p.greedy:
+        return logits.argmax(dim=-1)
+    probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # [n, V]
+    return sample_from_probs(probs, uniforms[:, 1])
+
+
+def speculative_step(
+    runner: ModelRunner, drafter: Drafter | None, seqs: Sequence[SequenceState], ks: Sequence[int]
+) -> StepResult:
+    # 1. Draft.
+    t0 = time.perf_counter()
+    drafts: list[Draft] = [_NO_DRAFT] * len(seqs)
+    if drafter is not None and any(ks):
+        reqs = [DraftRequest(s.seq_id, s.history, k, s.params) for s, k in zip(seqs, ks, strict=True)]
+        drafts = [d if k else _NO_DRAFT for d, k in zip(drafter.propose(reqs), ks, strict=True)]
+    t1 = time.perf_counter()
+
+    # 2. One batched target forward over [pending, drafts...] per sequence.
+    items = [
+        ForwardItem(s.seq_id, [s.pending, *d.token_ids], len(d.token_ids) + 1)
+        for s, d in zip(seqs, drafts, strict=True)
+    ]
+    logits = runner.forward(items)  # per sequence [k_i + 1, V]
+    t2 = time.perf_counter()
+
+    # 3. Verify; 4. roll back each sequence's KV to its accepted prefix; 5. emit.
+    emitted, drafted, accepted = [], [], []
+    for s, d, lg in zip(seqs, drafts, logits, strict=True):
+        k = len(d.token_ids)
+        u = s.rand.get(len(s.output), k + 1)  # [k+1, 2]
+        out, a = _verify_one(s, d, lg, u)
+        runner.truncate(s.seq_id, len(s.history) + a)  # KV keeps pending + accepted drafts
+        emitted.append(s.append(out))
+        drafted.append(k)
+        accepted.append(a)
+    n_tok = sum(len(it.tokens) for it in items)
+    return StepResult(emitted, drafted, accepted, t1 - t0, t2 - t1, n_tok)
+
+
+def _verify_one(s: SequenceState, d: Draft, logits: torch.Tensor, u: torch.Tensor) -> tuple[list[int], int]:
+    """Emitted tokens and number of accepted drafts for one sequence. logits [k+1, V], u [k+1, 2]."""
+    k = len(d.token_ids)
+    if d.q is None or s.params.greedy:
+        choice = target_choice(logits, s, u).tolist()  # [k+1]
+        a = 0
+        while a < k and d.token_ids[a] == choice[a]:
+            a += 1
+        return [*d.token_ids[:a], choice[a]], a
+    p = logits_to_probs(logits, s.params.temperature, s.params.top_k, s.params.top_p)  # [k+1, V]
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    q = (d.q.ids[None], d.q.probs[None]) if isinstance(d.q, SparseQ) else d.q[None]  # [1, k, ...]
+    res = verify_sampling(
+        torch.tensor([d.token_ids]),
+        torch.tensor([k]),
+        p[None],
+        q,
+        u[None, :k, 0],  # [1, k] acceptance uniforms
+        u[None, :, 1],  # [1, k+1] sample uniform of each position; the stopping one is used
+    )
+    a = int(res.num_accepted[0])
+    return res.tokens[0, : a + 1].tolist(), a
