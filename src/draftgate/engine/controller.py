@@ -1,22 +1,19 @@
 """Adaptive K: how many draft tokens a request speculates each round.
 
 The controller maximizes *goodput*, the request's expected emitted tokens per
-second of step time (the marginal view: its own tokens over the whole step):
+second of step time (marginal view: its own tokens over the whole shared step):
 
     goodput(K) = E[tokens | K] / (t_draft(K) + t_forward(other + K + 1))
 
 E[tokens | K] = 1 + sum_{j=1..K} prod_{i<=j} alpha_i counts the recovered or
-bonus token, so plain decoding (K = 0) emits exactly 1. alpha_i is the
-conditional acceptance of draft position i given 1..i-1 were accepted,
-estimated per request over a sliding window of verified rounds.
+bonus token, so plain decoding (K = 0) emits exactly 1. alpha_i = P(accept
+draft i | drafts 1..i-1 accepted), estimated per request over a sliding window.
 
 Costs are *measured, never configured*: the engine times every target forward
-and draft call and feeds them to one shared `CostModel`. Only ratios matter,
-so the cold-start prior is in arbitrary units. Measured costs need not be
-monotone in K (on AVX2 CPUs a 2-3 row forward costs more than a 5 row one);
-the controller takes them as they are, and treats sizes never measured
-optimistically so that it runs each once and learns its real cost.
-
+and draft call into one shared `CostModel` (only ratios matter, so the
+cold-start prior is in arbitrary units). Costs need not be monotone in K (on
+AVX2 CPUs 2-3 row forwards cost more than 5 row ones); sizes never measured
+are priced optimistically so the controller runs each once and learns it.
 Pure Python, no torch, no I/O; each call is O(K_max) plus a few bisections.
 """
 
@@ -62,16 +59,14 @@ def _check(num_tokens: int, low: int, seconds: float) -> None:
 class CostModel:
     """Measured costs of target forwards and draft calls, shared by one engine.
 
-    Forward time is an EMA per token-count bucket: exact for 1..64 tokens, then
-    geometric buckets inside which time is taken as proportional to tokens (such
-    forwards are compute-bound). A size never measured is interpolated between
-    measured neighbours; below them the smallest is scaled by the prior's shape,
-    above them a line a + b*n fitted to the buckets (b >= 0) extends the largest.
-    With optimistic=True an unmeasured size is instead as cheap as the cheapest
-    measured smaller one (proportionally less below all of them): a forward over
-    more tokens may cost *less* (see the module docstring), so only running it
-    tells. Draft time is overhead + per_token * k per drafter, from an
-    EMA-weighted regression of (tokens, seconds).
+    Forward time: an EMA per token-count bucket (exact for 1..64 tokens, then
+    geometric buckets, within which time is proportional to tokens). Unmeasured
+    sizes are interpolated between measured ones; below them the smallest is
+    scaled by the prior's shape, above them a fitted line a + b*n (b >= 0)
+    extends the largest. optimistic=True prices an unmeasured size like the
+    cheapest measured smaller one (proportionally less below all): a longer
+    forward may cost less, and only running it tells. Draft time per drafter:
+    overhead + per_token * k, by EMA-weighted regression of (tokens, seconds).
     """
 
     def __init__(self, ema: float = 0.2) -> None:
@@ -261,16 +256,14 @@ def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
 
 
 class GoodputController:
-    """Chooses K in [0, k_max] for one request each round; see the module docstring.
+    """Chooses K in [0, k_max] for one request; call `choose_k`, then `record`, each round.
 
-    Call `choose_k` once per round and `record` the verified outcome. K > 0 is
-    the best expected goodput (near-ties to the smaller K). K = 0 (plain
-    decoding) is chosen only when even optimistic alphas (mean + 1.5 sd) lose;
-    until then the optimistic best K runs, so a streak of bad luck cannot park
-    the request at K = 0, where only probes refresh the estimates. At K = 0 it
-    drafts `probe_k` (default k_max) once after `probe_interval` consecutive
-    zero rounds; a probe that confirms K = 0 doubles the interval (up to
-    max_probe_interval), and any round where speculation wins resets it. A probe
+    K > 0 is the best expected goodput (near-ties to the smaller K). Plain
+    decoding (K = 0) needs even optimistic alphas (mean + 1.5 sd) to lose, so a
+    bad-luck streak cannot park the request where only probes refresh the
+    estimates. At K = 0 it drafts `probe_k` (default k_max) once after
+    `probe_interval` zero rounds; a probe confirming K = 0 doubles the interval
+    (up to max_probe_interval), any win for speculation resets it, and a probe
     far better than the window predicts (P < 1%) discards the stale window.
     """
 
@@ -333,13 +326,13 @@ class GoodputController:
         best = max(mean)
         if best >= bar:
             return next(k for k, g in enumerate(mean, start=1) if g >= best * (1.0 - NEAR_TIE))
-        # 2. Plain decoding looks best. If its cost is still a guess, run it and measure.
+        # 2. Plain decoding looks best; while its cost is only a guess, run it to measure it.
         if not cost.measured(plain):
             return 0
-        # 3. Deviation from a pure argmax: keep exploring while optimistic alphas still win.
+        # 3. Deviation from a pure argmax: keep the best K while its optimistic alphas still win.
         upper = _goodputs(self.tracker.alphas(z=OPTIMISM), steps)
         k = mean.index(max(mean)) + 1
-        return k if max(upper) >= bar else 0
+        return k if upper[k - 1] >= bar else 0
 
     def record(self, k: int, accepted: int) -> None:
         """Outcome of the round: k drafts verified, the first `accepted` kept (k == 0: ignored)."""

@@ -1,0 +1,368 @@
+"""Adaptive K controller, driven by simulated acceptance and simulated costs (no clocks)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from fractions import Fraction
+
+import pytest
+
+from draftgate.engine.controller import AcceptanceTracker, CostModel, GoodputController
+
+K_MAX = 8
+
+
+def linear(n: int) -> float:
+    return 1.0 + 0.1 * (n - 1)
+
+
+# feasibility.md §2 (fp32 HF on AVX2): 2-3 row forwards cost more than 5 row ones.
+_FEAS_POINTS = {1: 1.0, 2: 1.8, 3: 2.4, 5: 1.8, 9: 2.0}
+
+
+def feasibility(n: int) -> float:
+    if n in _FEAS_POINTS:
+        return _FEAS_POINTS[n]
+    lo = max(p for p in _FEAS_POINTS if p < n)
+    hi = min(p for p in _FEAS_POINTS if p > n)
+    return _FEAS_POINTS[lo] + (_FEAS_POINTS[hi] - _FEAS_POINTS[lo]) * (n - lo) / (hi - lo)
+
+
+def measured(
+    curve: Callable[[int], float], sizes: range | list[int] = range(1, K_MAX + 2)
+) -> CostModel:
+    cost = CostModel()
+    for n in sizes:
+        cost.observe_forward(n, curve(n))
+    return cost
+
+
+def accepted_count(rng: random.Random, k: int, alpha: float) -> int:
+    a = 0
+    while a < k and rng.random() < alpha:
+        a += 1
+    return a
+
+
+def simulate(
+    alpha: float | Callable[[int], float],
+    curve: Callable[[int], float],
+    rounds: int,
+    seed: int,
+    ctl: GoodputController | None = None,
+    cost: CostModel | None = None,
+    draft: Callable[[int], float] | None = None,
+) -> tuple[float, list[int], GoodputController]:
+    """Run the controller against a Bernoulli acceptance simulator; returns goodput and the Ks."""
+    rng = random.Random(seed)
+    ctl = ctl or GoodputController(K_MAX, "sim")
+    cost = cost or CostModel()
+    tokens, seconds, ks = 0, 0.0, []
+    for r in range(rounds):
+        k = ctl.choose_k(cost)
+        assert 0 <= k <= ctl.k_max
+        a = accepted_count(rng, k, alpha(r) if callable(alpha) else alpha)
+        dt = curve(k + 1)
+        cost.observe_forward(k + 1, dt)
+        if draft is not None and k:
+            cost.observe_draft("sim", k, draft(k))
+            dt += draft(k)
+        ctl.record(k, a)
+        tokens, seconds = tokens + a + 1, seconds + dt
+        ks.append(k)
+    return tokens / seconds, ks, ctl
+
+
+def fixed_goodput(alpha: float, curve: Callable[[int], float], k: int, draft=None) -> float:
+    expected = sum(alpha**j for j in range(k + 1))
+    return expected / (curve(k + 1) + (draft(k) if draft and k else 0.0))
+
+
+# --- CostModel -------------------------------------------------------------------------------
+
+
+def test_cost_prior_before_any_measurement() -> None:
+    cost = CostModel()
+    assert cost.forward_time(1) == 1.0
+    assert cost.forward_time(5) == pytest.approx(2.0)
+    assert not cost.measured(1)
+    assert cost.draft_time("ngram", 4) == 0.0
+
+
+def test_cost_ema_per_bucket() -> None:
+    cost = CostModel(ema=0.5)
+    cost.observe_forward(4, 1.0)
+    assert cost.forward_time(4) == 1.0
+    cost.observe_forward(4, 2.0)
+    assert cost.forward_time(4) == pytest.approx(1.5)
+    assert cost.measured(4) and not cost.measured(3)
+
+
+def test_cost_interpolation_extrapolation_and_optimism() -> None:
+    cost = measured(lambda n: {1: 1.0, 5: 2.0}[n], [1, 5])
+    assert cost.forward_time(3) == pytest.approx(1.5)  # between measured buckets
+    assert cost.forward_time(9) == pytest.approx(3.0)  # fitted line a + b*n, b = 0.25
+    # optimistic: an unmeasured size is as cheap as the cheapest measured smaller one
+    assert cost.forward_time(3, optimistic=True) == 1.0
+    assert cost.forward_time(9, optimistic=True) == 1.0
+    assert cost.forward_time(5, optimistic=True) == 2.0  # measured sizes are never guessed
+
+    only4 = measured(lambda n: 2.0, [4])
+    assert only4.forward_time(1) == pytest.approx(2.0 / 1.75)  # the prior's shape
+    assert only4.forward_time(1, optimistic=True) == pytest.approx(0.5)  # proportional
+    assert only4.forward_time(8) == pytest.approx(2.0 + 4 * 2.0 * 0.25 / 1.75)
+
+
+def test_cost_coarse_buckets_above_64_tokens() -> None:
+    cost = CostModel()
+    cost.observe_forward(100, 10.0)
+    assert cost.measured(100) and cost.measured(104)  # same coarse bucket
+    assert cost.forward_time(100) == pytest.approx(10.0)
+    assert cost.forward_time(104) == pytest.approx(10.4)  # proportional inside the bucket
+    assert not cost.measured(300)
+
+
+def test_cost_draft_overhead_plus_per_token() -> None:
+    cost = CostModel()
+    for _ in range(5):
+        for n in (1, 4, 8):
+            cost.observe_draft("model", n, 0.2 + 0.1 * n)
+    assert cost.draft_time("model", 5) == pytest.approx(0.7)
+    assert cost.draft_time("model", 0) == 0.0
+    single = CostModel()
+    single.observe_draft("model", 4, 0.8)  # one size only: taken as per-token cost
+    assert single.draft_time("model", 2) == pytest.approx(0.4)
+    assert single.draft_time("other", 2) == 0.0
+
+
+@pytest.mark.parametrize(("n", "seconds"), [(0, 1.0), (1, -1.0), (1, math.nan), (1, math.inf)])
+def test_cost_rejects_bad_observations(n: int, seconds: float) -> None:
+    with pytest.raises(ValueError):
+        CostModel().observe_forward(n, seconds)
+    with pytest.raises(ValueError):
+        CostModel().observe_draft("d", n - 1, seconds)
+
+
+# --- AcceptanceTracker -----------------------------------------------------------------------
+
+
+def test_tracker_prior_and_k0() -> None:
+    t = AcceptanceTracker(3)
+    assert t.alphas() == [0.5, 0.5, 0.5]
+    assert t.expected_tokens(0) == 1.0
+    assert t.expected_tokens(2) == pytest.approx(1.75)
+
+
+def test_tracker_expected_tokens_exact() -> None:
+    t = AcceptanceTracker(3)
+    t.record(3, 1)  # position 1 accepted, position 2 rejected, position 3 never reached
+    a1 = Fraction(1 + 1, 1 + 2)
+    a2 = Fraction(0 + 2 * a1, 1 + 2)
+    a3 = Fraction(0 + 2 * a2, 0 + 2)  # unreached: inherits position 2
+    assert t.alphas() == pytest.approx([float(a1), float(a2), float(a3)])
+    exact = 1 + a1 + a1 * a2 + a1 * a2 * a3
+    assert t.expected_tokens(3) == pytest.approx(float(exact))
+
+    t.record(2, 2)  # both accepted; nothing rejected
+    b1 = Fraction(2 + 1, 2 + 2)
+    b2 = Fraction(1 + 2 * b1, 2 + 2)
+    assert t.alphas(2) == pytest.approx([float(b1), float(b2)])
+    assert t.expected_tokens(2) == pytest.approx(float(1 + b1 + b1 * b2))
+    assert t.prob_at_least(2) == pytest.approx(float(b1 * b2))
+    assert t.prob_at_least(0) == 1.0
+
+
+def test_tracker_window_forgets_old_rounds() -> None:
+    t = AcceptanceTracker(1, window=2)
+    for k, a in [(1, 0), (1, 0), (1, 1), (1, 1)]:
+        t.record(k, a)
+    assert len(t) == 2
+    assert t.alphas() == pytest.approx([(2 + 1) / (2 + 2)])  # only the last two rounds count
+    for _ in range(1000):
+        t.record(1, 0)
+    assert len(t) == 2
+    assert t.alphas() == pytest.approx([1 / 4])
+    t.clear()
+    assert len(t) == 0 and t.alphas() == [0.5]
+
+
+def test_tracker_optimistic_alphas_are_wider_with_less_data() -> None:
+    few, many = AcceptanceTracker(1), AcceptanceTracker(1)
+    for t, n in ((few, 4), (many, 60)):
+        for i in range(n):
+            t.record(1, int(i % 4 == 0))
+    assert few.alphas(z=1.5)[0] - few.alphas()[0] > many.alphas(z=1.5)[0] - many.alphas()[0] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"k_max": -1},
+        {"k_max": 4, "window": 0},
+        {"k_max": 4, "prior_alpha": 1.5},
+        {"k_max": 4, "prior_weight": 0.0},
+    ],
+)
+def test_tracker_validates(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        AcceptanceTracker(**kwargs)
+
+
+def test_tracker_rejects_bad_records() -> None:
+    t = AcceptanceTracker(4)
+    for k, a in [(5, 0), (-1, 0), (2, 3), (2, -1)]:
+        with pytest.raises(ValueError):
+            t.record(k, a)
+    with pytest.raises(ValueError):
+        t.expected_tokens(5)
+    t.record(0, 0)  # a round without drafts carries no information
+    assert len(t) == 0
+
+
+# --- GoodputController -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"k_max": -1},
+        {"k_max": 4, "window": 0},
+        {"k_max": 4, "probe_interval": 0},
+        {"k_max": 4, "probe_interval": 16, "max_probe_interval": 8},
+        {"k_max": 4, "probe_k": 5},
+        {"k_max": 4, "probe_k": 0},
+    ],
+)
+def test_controller_validates(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        GoodputController(drafter="d", **kwargs)
+    with pytest.raises(ValueError):
+        GoodputController(4, "d").choose_k(CostModel(), other_tokens=-1)
+
+
+def test_high_acceptance_chooses_large_k() -> None:
+    _, ks, ctl = simulate(0.9, linear, 600, seed=1, cost=measured(linear))
+    tail = sorted(ks[100:])
+    assert tail[len(tail) // 2] >= 6
+    assert 0 not in ks[100:]
+    snap = ctl.snapshot()
+    assert snap["last_k"] == ks[-1] and snap["window_rounds"] == 64
+    assert all(0.7 < a <= 1.0 for a in snap["alphas"][:4])
+
+
+def test_zero_acceptance_settles_then_probes_with_backoff() -> None:
+    ctl = GoodputController(K_MAX, "sim", probe_interval=8, max_probe_interval=128)
+    _, ks, ctl = simulate(0.0, linear, 3000, seed=2, ctl=ctl, cost=measured(linear))
+    first_zero = ks.index(0)
+    assert first_zero <= 30
+    probes = [i for i, k in enumerate(ks) if k > 0 and i > first_zero]
+    assert all(ks[i] == K_MAX for i in probes)  # probes draft probe_k = k_max
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps[:4] == [17, 33, 65, 129]  # interval zero rounds, then the probe
+    assert set(gaps[4:]) == {129}  # capped at max_probe_interval
+    snap = ctl.snapshot()
+    assert snap["interval"] == 128 and 0 <= snap["zero_run"] <= 128
+    assert snap["window_rounds"] <= 64
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_low_acceptance_settles_to_zero(seed: int) -> None:
+    _, ks, ctl = simulate(0.05, feasibility, 3000, seed, cost=measured(feasibility))
+    assert 0 in ks[:200]
+    late = ks[1000:]
+    assert sum(k > 0 for k in late) < 0.05 * len(late)  # speculation only to probe
+    assert ctl.interval > ctl.probe_interval
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_speculation_resumes_after_long_zero_stretch(seed: int) -> None:
+    switch = 3000
+    _, ks, ctl = simulate(
+        lambda r: 0.05 if r < switch else 0.9, linear, switch + 600, seed, cost=measured(linear)
+    )
+    assert sum(k > 0 for k in ks[switch - 1000 : switch]) < 100  # was plain decoding
+    # the window is stale: at most ~3 probes at the longest back-off, then K >= 3 sustained
+    limit = 3 * ctl.max_probe_interval + 50
+    resumed = next(i for i in range(switch, len(ks) - 20) if all(k >= 3 for k in ks[i : i + 20]))
+    assert resumed - switch <= limit
+    assert ctl.interval == ctl.probe_interval  # speculation won: back-off reset
+
+
+def test_surprising_probe_discards_the_stale_window() -> None:
+    cost = measured(linear)
+    ctl = GoodputController(K_MAX, "sim", probe_interval=4)
+    _, ks, ctl = simulate(0.0, linear, 400, seed=3, ctl=ctl, cost=cost)
+    assert ks[-1] == 0 and len(ctl.tracker) > 10
+    while (k := ctl.choose_k(cost)) == 0:
+        pass
+    assert k == K_MAX
+    ctl.record(k, K_MAX)  # a full acceptance: P < 1% under the window
+    assert len(ctl.tracker) == 1
+    assert ctl.choose_k(cost) >= 3
+
+
+def test_nonmonotone_costs_never_pick_one_or_two() -> None:
+    """feasibility.md: k=4 (5 rows) costs as much as k=1 (2 rows) and less than k=2 (3 rows)."""
+    for alpha in (0.3, 0.5, 0.6, 0.7, 0.9, 1.0):
+        cost = measured(feasibility, [1, 2, 3, 5, 9])  # 4, 6..8 are learned while running
+        _, ks, _ = simulate(alpha, feasibility, 400, seed=4, cost=cost)
+        assert not {1, 2} & set(ks), (alpha, sorted(set(ks)))
+
+
+def test_marginal_view_uses_other_tokens() -> None:
+    """Compute-bound forward (time = tokens): alone, speculation never pays; in a big batch
+    the request's own K tokens add little to the shared step, so it does."""
+    cost = measured(lambda n: float(n), range(1, 120))
+    ctl = GoodputController(4, "sim")
+    for _ in range(64):
+        ctl.record(4, 3)
+    assert ctl.choose_k(cost, other_tokens=0) == 0
+    assert ctl.choose_k(cost, other_tokens=100) > 0
+
+
+def test_expensive_drafter_turns_speculation_off() -> None:
+    draft = lambda k: 0.5 * k  # noqa: E731
+    _, ks, _ = simulate(0.6, linear, 500, seed=5, cost=measured(linear), draft=draft)
+    assert sum(k > 0 for k in ks[200:]) < 30
+
+
+def test_k_max_zero_and_one() -> None:
+    cost = measured(linear)
+    zero = GoodputController(0, "sim")
+    assert [zero.choose_k(cost) for _ in range(300)] == [0] * 300
+    zero.record(0, 0)
+    assert zero.snapshot()["probes"] == 0
+
+    _, ks, one = simulate(0.0, linear, 500, seed=6, ctl=GoodputController(1, "sim"), cost=cost)
+    assert set(ks) == {0, 1} and ks[-50:].count(1) <= 1
+    _, ks, _ = simulate(1.0, linear, 200, seed=6, ctl=GoodputController(1, "sim"), cost=cost)
+    assert set(ks[5:]) == {1}
+
+
+def test_controller_is_deterministic() -> None:
+    a = simulate(0.5, feasibility, 500, seed=7)[1]
+    b = simulate(0.5, feasibility, 500, seed=7)[1]
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("curve", "alpha", "draft"),
+    [
+        (linear, 0.05, None),  # low: plain decoding wins
+        (linear, 0.4, None),  # mid
+        (linear, 0.9, None),  # high
+        (feasibility, 0.3, None),  # low on the CPU curve (K = 4 loses 20%)
+        (feasibility, 0.6, None),  # mid
+        (feasibility, 0.9, None),  # high
+        (linear, 0.7, lambda k: 0.02 + 0.05 * k),  # a model drafter with real cost
+    ],
+    ids=["lin-low", "lin-mid", "lin-high", "cpu-low", "cpu-mid", "cpu-high", "lin-drafter"],
+)
+def test_long_run_goodput_vs_fixed_policies(curve, alpha: float, draft) -> None:
+    best_fixed = max(fixed_goodput(alpha, curve, k, draft) for k in range(K_MAX + 1))
+    for seed in range(3):  # cold start included: the cost model starts empty
+        got, _, _ = simulate(alpha, curve, 3000, seed, draft=draft)
+        assert got >= 0.95 * best_fixed, (seed, got, best_fixed)
+        assert got >= 0.95 * fixed_goodput(alpha, curve, 0)  # never much slower than plain
