@@ -326,7 +326,7 @@ class Engine:
         if drafted_total and self.drafter is not None:
             self.cost.observe_draft(self.drafter.name, drafted_total, res.draft_s)
         with self._lock:
-            for r, emitted, k, a in zip(batch, res.emitted, res.drafted, res.accepted, strict=True):
+            for r, k, a in zip(batch, res.drafted, res.accepted, strict=True):
                 r.seq.stats.record_round(k, a, a + 1)
                 self.stats.record_round(k, a, a + 1)
                 if r.controller is not None and k:

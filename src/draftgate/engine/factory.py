@@ -8,6 +8,7 @@ from draftgate.drafters import NgramDrafter, SuffixDrafter
 from draftgate.drafters.base import Drafter
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Engine
+from draftgate.errors import ModelLoadError
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.models.runner import ModelRunner
 
@@ -28,9 +29,29 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
         from draftgate.drafters.auto import AutoDrafter
 
         return AutoDrafter.for_target(target, cfg)
-    from draftgate.drafters.model import build_model_drafter
+    return _model_drafter(cfg, target)
 
-    return build_model_drafter(cfg, target)
+
+def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
+    """`model`: a separate draft model on our runner; `quant`: the target's GGUF in llama.cpp."""
+    from draftgate.drafters.model import LlamaCppDrafter, ModelDrafter
+
+    if cfg.drafter == DrafterKind.QUANT:
+        if target.gguf_path is None:
+            raise ModelLoadError("drafter 'quant' needs a GGUF target (its quantized weights are the draft)")
+        try:
+            return LlamaCppDrafter(str(target.gguf_path))
+        except ImportError as e:
+            raise ModelLoadError(str(e)) from e
+    assert cfg.draft_model is not None
+    draft = load_model(cfg.draft_model, dtype=_DTYPES[cfg.dtype], cache_dir=cfg.cache_dir)
+    if draft.tokenizer.vocab() != target.tokenizer.vocab():
+        raise ModelLoadError(
+            f"draft model {cfg.draft_model} has a different vocabulary from the target; "
+            "a draft must share the target's tokenizer"
+        )
+    runner = ModelRunner(draft, device=cfg.device, num_blocks=cfg.num_blocks, block_size=cfg.block_size)
+    return ModelDrafter(runner)
 
 
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:

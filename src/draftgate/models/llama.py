@@ -35,6 +35,7 @@ class AttentionLayout:
     positions: torch.Tensor  # [N] int64 absolute position of each new token
     write_slots: torch.Tensor  # [N] int64 flat KV slot where each new token's K/V goes
     kv_gather: torch.Tensor  # [B, S_max] int64 flat slots of each sequence's context (padded)
+    kv_span: tuple[int, int] | None  # B == 1 with contiguous slots: read the cache as a slice, no gather
     q_index: torch.Tensor | None  # [B, T_max] int64 rows of the flat batch (None when B == 1)
     unpad: torch.Tensor | None  # [N] int64 rows of the padded [B*T_max] layout (None when B == 1)
     mask: torch.Tensor | None  # [B, 1, T_max, S_max] bool, True = attend (None: no mask needed)
@@ -68,14 +69,17 @@ class AttentionLayout:
             starts = [0]
             for n in new_lens[:-1]:
                 starts.append(starts[-1] + n)
-            q_index = as_t([[st + min(t, n - 1) for t in range(T_max)] for st, n in zip(starts, new_lens)])
+            q_index = as_t([[st + min(t, n - 1) for t in range(T_max)] for st, n in zip(starts, new_lens, strict=True)])
             unpad = as_t([b * T_max + t for b, n in enumerate(new_lens) for t in range(n)])
         if B > 1 or T_max > 1:
             q_pos = torch.arange(T_max, device=device)[None, :] + (as_t(ctx_lens) - as_t(new_lens))[:, None]
             k_pos = torch.arange(S_max, device=device)[None, None, :]  # [1, 1, S_max]
             mask = (k_pos <= q_pos[:, :, None]) & (k_pos < as_t(ctx_lens)[:, None, None])
             mask = mask[:, None]  # [B, 1, T_max, S_max]
-        return cls(as_t(positions), as_t(write), kv_gather, q_index, unpad, mask, as_t(logit_rows))
+        span = None
+        if B == 1 and ctx_slots[0] == list(range(ctx_slots[0][0], ctx_slots[0][0] + S_max)):
+            span = (ctx_slots[0][0], ctx_slots[0][0] + S_max)
+        return cls(as_t(positions), as_t(write), kv_gather, span, q_index, unpad, mask, as_t(logit_rows))
 
 
 @dataclass
@@ -149,6 +153,8 @@ class LlamaModel:
         return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]  # [N, 1, D]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps))
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
         return w * xf.to(x.dtype)
@@ -185,9 +191,12 @@ class LlamaModel:
         self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
         N, H, D = q.shape
-        B, S_max = layout.kv_gather.shape
-        K = kc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
-        V = vc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+        if layout.kv_span is not None:  # one sequence in consecutive slots: a view, no copy
+            a, b = layout.kv_span
+            K, V = kc[a:b][None].transpose(1, 2), vc[a:b][None].transpose(1, 2)  # [1, Hkv, S, D]
+        else:
+            K = kc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+            V = vc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
         if layout.q_index is None:  # B == 1: the flat batch is the padded one
             Q = q.view(1, N, H, D).transpose(1, 2)  # [1, H, N, D]
         else:
