@@ -1,0 +1,97 @@
+"""The command line: main(argv) -> int, JSON output, one-line errors with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftgate.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _gen(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_help_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "generate" in out and "demo" in out
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_generate_json_plain_and_speculative_agree(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["hello world the", "--model", str(tiny_model_dir), "--max-new-tokens", "12", "--json", "--raw"]
+    rc, out, _ = _gen(capsys, *common, "--drafter", "none")
+    assert rc == 0
+    plain = json.loads(out)
+    assert set(plain) >= {"text", "token_ids", "prompt_tokens", "completion_tokens", "elapsed_s", "tokens_per_s", "spec"}
+    assert plain["spec"]["drafter"] == "none" and plain["spec"]["draft_tokens"] == 0
+    assert plain["spec"]["mean_accepted_length"] == 1.0
+    assert plain["completion_tokens"] == len(plain["token_ids"]) > 0
+    rc, out, _ = _gen(capsys, *common, "--drafter", "ngram", "--k", "4")
+    spec = json.loads(out)
+    assert rc == 0 and spec["token_ids"] == plain["token_ids"]
+    assert set(spec["spec"]) == {
+        "drafter", "rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length"
+    }  # fmt: skip
+
+
+def test_generate_streams_text(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _gen(capsys, "hello", "--model", str(tiny_model_dir), "--max-new-tokens", "5", "--drafter", "none")
+    assert rc == 0 and out.endswith("\n")
+    assert "tok/s" in err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "/nonexistent/model.gguf"], "not found"),
+        (["--top-p", "2"], "top_p"),
+        (["--temperature", "-1"], "temperature"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--drafter", "model"], "--draft-model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    base = ["hi", "--model", str(tiny_model_dir)]
+    rc, _, err = _gen(capsys, *base, *args)
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("draftgate: error:") and needle in lines[0], err
+
+
+def test_corrupt_gguf_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a gguf file" * 10)
+    rc, _, err = _gen(capsys, "hi", "--model", str(junk), "--cache-dir", str(tmp_path))
+    assert rc == 2 and "not a valid GGUF" in err and "Traceback" not in err
+
+
+@pytest.mark.real_model
+def test_console_script_on_bundled_model() -> None:
+    exe = Path(sys.executable).parent / "draftgate"
+    r = subprocess.run(
+        [str(exe), "generate", "What is the capital of France?", "--model", "smollm2-135m", "--drafter", "none",
+         "--max-new-tokens", "12", "--json", "--cache-dir", str(REPO / ".cache" / "models")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert "Paris" in data["text"]
+    assert data["token_ids"][-1] == 2 or data["completion_tokens"] == 12  # EOS from the model, not a constant
