@@ -1,0 +1,204 @@
+"""Arms: named configurations the benchmark compares side by side.
+
+An arm turns a chat into a stream of :class:`Piece` s; the runner timestamps each
+piece as it arrives. Arm names on the command line:
+
+- ``plain`` (the engine with drafter none), ``ngram``, ``suffix``, ``auto``,
+  ``model``, ``quant``, each optionally with ``:k=N`` or ``:k=auto``
+  (e.g. ``ngram:k=4``; without it K is adaptive);
+- ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
+  server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
+- ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
+  model (see :mod:`draftgate.bench.peers`); they run one request at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
+from draftgate.errors import DraftGateError
+from draftgate.models.loader import LoadedModel
+from draftgate.models.tokenizer import Message
+from draftgate.types import SamplingParams, SpecStats
+
+__all__ = [
+    "ArmError",
+    "ArmKind",
+    "ArmSpec",
+    "Arm",
+    "Piece",
+    "EngineArm",
+    "parse_arm",
+    "parse_arms",
+    "build_arms",
+]
+
+HF_LOOKUP_DEFAULT = (
+    10  # prompt_lookup_num_tokens for hf-lookup (transformers' documented example value)
+)
+
+
+class ArmError(DraftGateError):
+    """An arm cannot be built or a request on it failed."""
+
+
+class ArmKind(str, enum.Enum):
+    ENGINE = "engine"  # the in-process DraftGate engine
+    OPENAI = "openai"  # an external OpenAI-compatible server
+    HF = "hf"  # transformers generate(), plain
+    HF_LOOKUP = "hf-lookup"  # transformers generate() with prompt lookup decoding
+    LLAMACPP = "llamacpp"  # llama-cpp-python on the GGUF file
+
+
+_ENGINE_NAMES = {
+    "plain": DrafterKind.NONE,
+    **{d.value: d for d in DrafterKind if d != DrafterKind.NONE},
+}
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    name: str  # as written on the command line; names the arm in every report
+    kind: ArmKind
+    drafter: DrafterKind | None = None  # engine arms
+    k: int | None = None  # draft tokens per round; None = adaptive (engine) / default (hf-lookup)
+    url: str | None = None  # openai arms: base URL ending in /v1
+    served_model: str | None = None  # openai arms: the "model" field (None: ask /v1/models)
+
+    @property
+    def sequential(self) -> bool:
+        """Peers run one request at a time, so they only take part at concurrency 1."""
+        return self.kind in (ArmKind.HF, ArmKind.HF_LOOKUP, ArmKind.LLAMACPP)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What an arm streams: new tokens (ids where known) and their text."""
+
+    n_tokens: int
+    text: str
+    token_ids: list[int] | None = None  # None where the arm only returns text
+    stats: SpecStats | None = None  # speculation counters, on an engine arm's last piece
+    total_tokens: int | None = None  # the server's own count of all tokens so far (usage), if sent
+
+
+class Arm(Protocol):
+    spec: ArmSpec
+
+    def stream(self, messages: list[Message], params: SamplingParams) -> AsyncIterator[Piece]: ...
+
+    def close(self) -> None: ...
+
+
+def _parse_k(name: str, opt: str) -> int | None:
+    key, _, val = opt.partition("=")
+    if key != "k" or not val:
+        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N or :k=auto)")
+    if val == "auto":
+        return None
+    if not val.isdigit():
+        raise ArmError(f"arm {name!r}: K must be a non-negative integer or 'auto', got {val!r}")
+    return int(val)
+
+
+def parse_arm(text: str) -> ArmSpec:
+    """One arm name (see the module docstring) to an ArmSpec; raises ArmError with the choices."""
+    name = text.strip()
+    if name.startswith("openai+"):
+        url, _, query = name[len("openai+") :].partition("?")
+        if not url.startswith(("http://", "https://")):
+            raise ArmError(f"arm {name!r}: expected openai+http://HOST:PORT[/v1]")
+        model = query[len("model=") :] if query.startswith("model=") else None
+        if query and not model:
+            raise ArmError(f"arm {name!r}: the only query option is ?model=NAME")
+        url = url.rstrip("/")
+        return ArmSpec(
+            name,
+            ArmKind.OPENAI,
+            url=url if url.endswith("/v1") else url + "/v1",
+            served_model=model,
+        )
+    base, _, opt = name.partition(":")
+    k = _parse_k(name, opt) if opt else None
+    if base in _ENGINE_NAMES:
+        drafter = _ENGINE_NAMES[base]
+        if drafter == DrafterKind.NONE:
+            if opt:
+                raise ArmError(f"arm {name!r}: plain decoding takes no K")
+            k = 0
+        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k)
+    if base == ArmKind.HF_LOOKUP.value:
+        return ArmSpec(name, ArmKind.HF_LOOKUP, k=HF_LOOKUP_DEFAULT if k is None else k)
+    if base in (ArmKind.HF.value, ArmKind.LLAMACPP.value) and not opt:
+        return ArmSpec(name, ArmKind(base))
+    choices = ", ".join([*_ENGINE_NAMES, "hf", "hf-lookup", "llamacpp", "openai+http://HOST:PORT"])
+    raise ArmError(f"unknown arm {name!r}; choose from {choices} (engine arms take :k=N)")
+
+
+def parse_arms(text: str) -> tuple[ArmSpec, ...]:
+    specs = tuple(parse_arm(s) for s in text.split(",") if s.strip())
+    if not specs:
+        raise ArmError("--arms needs at least one arm")
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ArmError(f"arm names must be unique, repeated: {dup}")
+    return specs
+
+
+class EngineArm:
+    """The in-process engine; every engine arm shares the one loaded model's weights."""
+
+    def __init__(self, spec: ArmSpec, engine: Engine) -> None:
+        self.spec = spec
+        self.engine = engine
+
+    async def stream(self, messages: list[Message], params: SamplingParams) -> AsyncIterator[Piece]:
+        async for c in self.engine.generate(messages, params):
+            if c.finish_reason in ("error", "abort"):
+                raise ArmError(
+                    f"arm {self.spec.name}: request ended with {c.finish_reason}: {c.error or ''}"
+                )
+            yield Piece(len(c.token_ids), c.text, list(c.token_ids), c.stats)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def _engine_arm(spec: ArmSpec, base: EngineConfig, loaded: LoadedModel) -> EngineArm:
+    assert spec.drafter is not None
+    k_max = max(base.k_max, spec.k or 0)
+    cfg = replace(base, drafter=spec.drafter, k=spec.k, k_max=k_max)
+    try:
+        engine = build_engine(cfg.validate(), loaded=loaded)
+    except (ImportError, ValueError) as e:
+        raise ArmError(f"arm {spec.name}: cannot build the engine: {e}") from e
+    return EngineArm(spec, engine)
+
+
+def build_arms(
+    specs: tuple[ArmSpec, ...], base: EngineConfig, loaded: LoadedModel
+) -> dict[str, Arm]:
+    """Build every arm (engine arms share ``loaded``); on failure, close those already built."""
+    arms: dict[str, Arm] = {}
+    try:
+        for s in specs:
+            if s.kind == ArmKind.ENGINE:
+                arms[s.name] = _engine_arm(s, base, loaded)
+            elif s.kind == ArmKind.OPENAI:
+                from draftgate.bench.remote import OpenAIArm
+
+                arms[s.name] = OpenAIArm(s, loaded.tokenizer)
+            else:
+                from draftgate.bench.peers import build_peer
+
+                arms[s.name] = build_peer(s, loaded, base.device)
+    except BaseException:
+        for a in arms.values():
+            a.close()
+        raise
+    return arms
