@@ -63,6 +63,8 @@ class ModelConfig:
         hidden = int(cfg["hidden_size"])
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        # transformers >= 5 writes rope_theta and the scaling into one "rope_parameters" dict.
+        rope = cfg.get("rope_parameters") or {}
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -72,8 +74,8 @@ class ModelConfig:
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling")),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_scaling=_hf_rope_scaling(rope or cfg.get("rope_scaling")),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bos_token_id=cfg.get("bos_token_id"),

@@ -78,7 +78,8 @@ class ModelRunner:
         """Append each item's tokens to its sequence and run one batched forward.
 
         Returns, per item, logits [num_logits, V] (float32) for its last positions.
-        If KV blocks run out nothing is appended (CapacityError from the manager).
+        All or nothing across the batch: if KV blocks run out (``OutOfBlocks`` from
+        the manager) or the forward fails, no sequence's length changes.
         """
         assert items, "empty forward"
         reserved: list[tuple[int, int]] = []
@@ -89,19 +90,21 @@ class ModelRunner:
                 reserved.append((it.seq_id, len(it.tokens)))
                 for c in copies:
                     self.cache.copy_block(c.src, c.dst, self.block_size)
+            layout = AttentionLayout.build(
+                [len(it.tokens) for it in items],
+                [self.kv.slot_mapping(it.seq_id) for it in items],
+                [it.num_logits for it in items],
+                self.device,
+            )
+            flat = [t for it in items for t in it.tokens]
+            tokens = torch.tensor(flat, dtype=torch.int64, device=self.device)  # [N]
+            logits = self.model.forward(tokens, layout, self.cache)  # [R, V]
         except BaseException:
-            for sid, n in reserved:  # all-or-nothing across the batch
+            # Reserved slots the forward did not (fully) write must not stay in the
+            # sequence: a later step would attend to their stale KV.
+            for sid, n in reversed(reserved):
                 self.kv.truncate(sid, self.kv.length(sid) - n)
             raise
-        layout = AttentionLayout.build(
-            [len(it.tokens) for it in items],
-            [self.kv.slot_mapping(it.seq_id) for it in items],
-            [it.num_logits for it in items],
-            self.device,
-        )
-        flat = [t for it in items for t in it.tokens]
-        tokens = torch.tensor(flat, dtype=torch.int64, device=self.device)  # [N]
-        logits = self.model.forward(tokens, layout, self.cache)  # [R, V]
         return list(logits.split([it.num_logits for it in items]))
 
     def prefill(self, seq_id: int, prompt: Sequence[int], chunk: int = 512) -> torch.Tensor:
