@@ -1,42 +1,88 @@
-"""`auto`: the suffix drafter (which also covers n-gram prompt lookup) under the goodput controller.
+"""`auto`: free lookup drafts (suffix + n-gram) first, a model draft where lookup finds nothing.
 
-The controller (engine.controller) chooses K per request from measured acceptance
-and costs, down to 0; this class only picks the draft source.
+The goodput controller (engine.controller) chooses K per request from measured
+acceptance and costs, down to 0; this class picks the draft *source* per request
+and round:
+
+1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
+2. if lookup proposes fewer than ``min_lookup`` tokens and a model drafter is
+   configured (e.g. the target's own GGUF in llama.cpp), the model drafts, unless
+   its measured acceptance on this request is too low to pay for its cost
+   (tracked per request with a short window; probed again after a back-off).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Draft, Drafter, DraftRequest
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 
 __all__ = ["AutoDrafter"]
 
 
-class AutoDrafter:
-    """Per sequence, the longer of the suffix and n-gram proposals (both are free to compute)."""
+@dataclass
+class _ModelUse:
+    """Per-request record of how the model drafter's drafts fared (last rounds only)."""
 
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    skip: int = 0  # rounds left before the model is tried again
+    backoff: int = 4
+    last_was_model: bool = False
+
+
+class AutoDrafter:
     name = "auto"
 
-    def __init__(self) -> None:
+    def __init__(self, model: Drafter | None = None, min_lookup: int = 2, min_model_rate: float = 0.35) -> None:
         self._suffix = SuffixDrafter()
         self._ngram = NgramDrafter()
-
-    @classmethod
-    def for_target(cls, target: object, cfg: object) -> AutoDrafter:
-        return cls()
+        self._model = model
+        self._min_lookup = min_lookup
+        self._min_rate = min_model_rate
+        self._use: dict[int, _ModelUse] = {}
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         a = self._suffix.propose(requests)
         b = self._ngram.propose(requests)
-        return [x if len(x.token_ids) >= len(y.token_ids) else y for x, y in zip(a, b, strict=True)]
+        drafts = [x if len(x.token_ids) >= len(y.token_ids) else y for x, y in zip(a, b, strict=True)]
+        if self._model is None:
+            return drafts
+        need = []
+        for i, (r, d) in enumerate(zip(requests, drafts, strict=True)):
+            use = self._use.setdefault(r.seq_id, _ModelUse())
+            use.last_was_model = False
+            if r.k > 0 and len(d.token_ids) < min(self._min_lookup, r.k):
+                if use.skip > 0:
+                    use.skip -= 1
+                else:
+                    need.append(i)
+        if need:
+            for i, d in zip(need, self._model.propose([requests[i] for i in need]), strict=True):
+                drafts[i] = d
+                self._use[requests[i].seq_id].last_was_model = True
+        return drafts
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         self._suffix.observe(seq_id, tokens, num_drafted, num_accepted)
         self._ngram.observe(seq_id, tokens, num_drafted, num_accepted)
+        use = self._use.get(seq_id)
+        if self._model is None or use is None or not use.last_was_model or not num_drafted:
+            return
+        self._model.observe(seq_id, tokens, num_drafted, num_accepted)
+        use.rates.append(num_accepted / num_drafted)
+        if len(use.rates) >= 4 and sum(use.rates) / len(use.rates) < self._min_rate:
+            use.skip, use.backoff = use.backoff, min(use.backoff * 2, 256)
+            use.rates.clear()
+        elif len(use.rates) >= 4:
+            use.backoff = 4
 
     def release(self, seq_id: int) -> None:
         self._suffix.release(seq_id)
         self._ngram.release(seq_id)
+        self._use.pop(seq_id, None)
+        if self._model is not None:
+            self._model.release(seq_id)

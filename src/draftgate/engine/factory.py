@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from draftgate.drafters import NgramDrafter, SuffixDrafter
+from draftgate.drafters.auto import AutoDrafter
 from draftgate.drafters.base import Drafter
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Engine
@@ -26,9 +29,7 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
     if kind == DrafterKind.SUFFIX:
         return SuffixDrafter()
     if kind == DrafterKind.AUTO:
-        from draftgate.drafters.auto import AutoDrafter
-
-        return AutoDrafter.for_target(target, cfg)
+        return AutoDrafter(model=_auto_model_drafter(cfg, target))
     return _model_drafter(cfg, target)
 
 
@@ -52,6 +53,15 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
         )
     runner = ModelRunner(draft, device=cfg.device, num_blocks=cfg.num_blocks, block_size=cfg.block_size)
     return ModelDrafter(runner)
+
+
+def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
+    """auto adds a model drafter when one is at hand: --draft-model, or llama.cpp on a GGUF target."""
+    if cfg.draft_model:
+        return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
+    if target.gguf_path is not None and cfg.device == "cpu" and importlib.util.find_spec("llama_cpp"):
+        return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.QUANT}), target)
+    return None
 
 
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:

@@ -1,0 +1,71 @@
+"""auto: lookup drafts first, a model drafter only where lookup finds nothing and it pays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from draftgate.drafters import Draft, DraftRequest
+from draftgate.drafters.auto import AutoDrafter
+from draftgate.types import SamplingParams
+
+P = SamplingParams()
+
+
+class CountingDrafter:
+    """A deterministic model-drafter stand-in: always proposes k copies of token 7."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.released: list[int] = []
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.calls.extend(r.seq_id for r in requests)
+        return [Draft([7] * r.k) for r in requests]
+
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def release(self, seq_id: int) -> None:
+        self.released.append(seq_id)
+
+
+def test_lookup_only_without_model() -> None:
+    d = AutoDrafter()
+    hist = [1, 2, 3, 4, 5, 1, 2, 3]
+    (out,) = d.propose([DraftRequest(1, hist, 3, P)])
+    assert out.token_ids == [4, 5, 1]
+    (none,) = d.propose([DraftRequest(2, [9, 8, 7], 3, P)])
+    assert none.token_ids == []
+
+
+def test_model_used_only_where_lookup_is_empty() -> None:
+    m = CountingDrafter()
+    d = AutoDrafter(model=m)
+    reqs = [DraftRequest(1, [1, 2, 3, 4, 1, 2, 3], 4, P), DraftRequest(2, [10, 11, 12], 4, P)]
+    a, b = d.propose(reqs)
+    assert a.token_ids == [4, 1, 2, 3] and b.token_ids == [7, 7, 7, 7]
+    assert m.calls == [2]
+
+
+def test_model_backs_off_when_its_drafts_fail_then_probes_again() -> None:
+    m = CountingDrafter()
+    d = AutoDrafter(model=m, min_model_rate=0.5)
+    req = DraftRequest(5, [10, 11, 12], 4, P)
+    for _ in range(4):  # four rounds with nothing accepted
+        d.propose([req])
+        d.observe(5, req.tokens, 4, 0)
+    assert len(m.calls) == 4
+    skipped = [d.propose([req])[0].token_ids for _ in range(4)]  # back-off of 4 rounds: no model drafts
+    assert skipped == [[]] * 4 and len(m.calls) == 4
+    d.propose([req])  # probe
+    assert len(m.calls) == 5
+
+
+def test_release_reaches_the_model() -> None:
+    m = CountingDrafter()
+    d = AutoDrafter(model=m)
+    d.propose([DraftRequest(3, [1, 2], 2, P)])
+    d.release(3)
+    assert m.released == [3]
