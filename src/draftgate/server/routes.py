@@ -1,0 +1,128 @@
+"""The route table: exposed model name -> a back end and its speculation switch.
+
+A back end is anything with the ``Backend`` shape; the in-process ``Engine``
+has it. Back end addresses come only from the server's configuration (the
+routes file or flags), never from a request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from draftgate.engine import Chunk
+from draftgate.models.tokenizer import Message
+from draftgate.types import SamplingParams
+
+__all__ = ["Backend", "Route", "RouteTable", "ROUTE_NAME_RE"]
+
+ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+
+
+class Backend(Protocol):
+    """What the gateway needs from a generation back end (``draftgate.engine.Engine`` fits)."""
+
+    speculation_enabled: bool
+
+    @property
+    def drafter(self) -> object | None: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]: ...
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Chunk], None]
+    ) -> Callable[[], None]: ...
+
+    def start(self) -> object: ...
+
+    def shutdown(self) -> None: ...
+
+    def kv_stats(self) -> dict[str, int]: ...
+
+
+@dataclass
+class Route:
+    """One exposed model. ``enabled`` switches speculation (not the route): off = plain decoding."""
+
+    name: str
+    engine: Backend
+    enabled: bool = True
+    model: str = ""  # where the weights came from, for /v1/models
+    context_length: int | None = None  # prompt + completion tokens the back end accepts
+
+    def __post_init__(self) -> None:
+        if not ROUTE_NAME_RE.match(self.name):
+            raise ValueError(
+                f"route name {self.name!r} must be 1-128 characters of letters, digits and ._:/@+- "
+                "(starting with a letter or digit)"
+            )
+        if self.context_length is None:
+            runner = getattr(self.engine, "runner", None)
+            self.context_length = getattr(getattr(runner, "config", None), "max_position_embeddings", None)
+        self.set_enabled(self.enabled)
+
+    def set_enabled(self, on: bool) -> None:
+        """The per-route switch (and the admin kill switch): takes effect from the next round."""
+        self.enabled = bool(on)
+        self.engine.speculation_enabled = self.enabled and self.engine.drafter is not None
+
+    @property
+    def speculative(self) -> bool:
+        return self.engine.speculation_enabled
+
+    @property
+    def drafter_name(self) -> str:
+        d = self.engine.drafter
+        return str(getattr(d, "name", type(d).__name__)) if d is not None else "none"
+
+
+@dataclass
+class RouteTable:
+    routes: dict[str, Route] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, routes: Iterable[Route]) -> RouteTable:
+        table = cls()
+        for r in routes:
+            if r.name in table.routes:
+                raise ValueError(f"two routes are named {r.name!r}; route names must be unique")
+            table.routes[r.name] = r
+        if not table.routes:
+            raise ValueError("the route table is empty; declare at least one route")
+        return table
+
+    def get(self, name: str) -> Route | None:
+        return self.routes.get(name)
+
+    def __iter__(self) -> Iterator[Route]:
+        return iter(self.routes.values())
+
+    def __len__(self) -> int:
+        return len(self.routes)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.routes)
+
+    def _engines(self) -> list[Backend]:
+        seen: dict[int, Backend] = {}
+        for r in self:
+            seen.setdefault(id(r.engine), r.engine)
+        return list(seen.values())
+
+    def start(self) -> None:
+        for e in self._engines():
+            e.start()
+
+    def close(self) -> None:
+        """Stop every back end (the owner of the table calls this once, after serving)."""
+        for e in self._engines():
+            e.shutdown()
