@@ -144,12 +144,19 @@ class LlamaCppDrafter:
             llm.eval(hist[n:])
             toks: list[int] = []
             for i in range(r.k):
-                t = int(llm.scores[llm.n_tokens - 1].argmax())
+                t = int(self._last_logits(llm).argmax())
                 toks.append(t)
                 if i < r.k - 1:
                     llm.eval([t])
             out.append(Draft(toks))
         return out
+
+    @staticmethod
+    def _last_logits(llm: Any) -> Any:
+        """Logits [V] of the last evaluated token (llama-cpp-python keeps no copy without logits_all)."""
+        import numpy as np
+
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         pass
