@@ -69,3 +69,16 @@ def test_release_reaches_the_model() -> None:
     d.propose([DraftRequest(3, [1, 2], 2, P)])
     d.release(3)
     assert m.released == [3]
+
+
+def test_model_takes_over_when_lookup_drafts_keep_failing() -> None:
+    m = CountingDrafter()
+    d = AutoDrafter(model=m)
+    hist = [1, 2, 3, 4, 1, 2, 3]  # lookup always proposes here
+    req = DraftRequest(9, hist, 4, P)
+    for _ in range(3):  # three lookup rounds with nothing accepted
+        assert d.propose([req])[0].token_ids == [4, 1, 2, 3]
+        d.observe(9, hist, 4, 0)
+    assert m.calls == []
+    assert d.propose([req])[0].token_ids == [7, 7, 7, 7]  # the (optimistic) model is tried
+    assert m.calls == [9]

@@ -5,10 +5,12 @@ acceptance and costs, down to 0; this class picks the draft *source* per request
 and round:
 
 1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
-2. if lookup proposes fewer than ``min_lookup`` tokens and a model drafter is
-   configured (e.g. the target's own GGUF in llama.cpp), the model drafts, unless
-   its measured acceptance on this request is too low to pay for its cost
-   (tracked per request with a short window; probed again after a back-off).
+2. if a model drafter is configured (e.g. the target's own GGUF in llama.cpp)
+   and lookup proposes fewer than ``min_lookup`` tokens, or lookup's recent
+   acceptance on this request is below the model's, the model drafts instead;
+   unless the model's own measured acceptance on this request is too low to pay
+   for its cost (tracked per request with a short window; probed again after a
+   back-off).
 """
 
 from __future__ import annotations
@@ -29,9 +31,18 @@ class _ModelUse:
     """Per-request record of how the model drafter's drafts fared (last rounds only)."""
 
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    lookup_rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
     skip: int = 0  # rounds left before the model is tried again
     backoff: int = 4
     last_was_model: bool = False
+
+    def lookup_is_worse(self) -> bool:
+        """Lookup drafts have been accepted less often than model drafts on this request."""
+        if len(self.lookup_rates) < 3:
+            return False
+        lookup = sum(self.lookup_rates) / len(self.lookup_rates)
+        model = sum(self.rates) / len(self.rates) if self.rates else 0.8  # optimistic until measured
+        return lookup < model
 
 
 class AutoDrafter:
@@ -55,7 +66,7 @@ class AutoDrafter:
         for i, (r, d) in enumerate(zip(requests, drafts, strict=True)):
             use = self._use.setdefault(r.seq_id, _ModelUse())
             use.last_was_model = False
-            if r.k > 0 and len(d.token_ids) < min(self._min_lookup, r.k):
+            if r.k > 0 and (len(d.token_ids) < min(self._min_lookup, r.k) or use.lookup_is_worse()):
                 if use.skip > 0:
                     use.skip -= 1
                 else:
@@ -70,7 +81,10 @@ class AutoDrafter:
         self._suffix.observe(seq_id, tokens, num_drafted, num_accepted)
         self._ngram.observe(seq_id, tokens, num_drafted, num_accepted)
         use = self._use.get(seq_id)
-        if self._model is None or use is None or not use.last_was_model or not num_drafted:
+        if self._model is None or use is None or not num_drafted:
+            return
+        if not use.last_was_model:
+            use.lookup_rates.append(num_accepted / num_drafted)
             return
         self._model.observe(seq_id, tokens, num_drafted, num_accepted)
         use.rates.append(num_accepted / num_drafted)
