@@ -1,0 +1,124 @@
+"""Conversions between internal types and the target worker's protobuf messages (the edge only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from draftgate.drafters.base import Draft, SparseQ
+from draftgate.server.rpc import target_pb2 as pb
+from draftgate.types import SamplingParams
+
+__all__ = [
+    "GRPC_PREFIX",
+    "WireStats",
+    "check_draft",
+    "is_one_hot",
+    "mass_at_drafts",
+    "params_from_pb",
+    "params_to_pb",
+    "q_rows_from_pb",
+    "round_to_pb",
+]
+
+GRPC_PREFIX = 5  # each gRPC message on the wire: 1 flag byte + 4 length bytes
+
+
+@dataclass
+class WireStats:
+    """Bytes of the verification rounds on the wire (protobuf payload + 5-byte gRPC frame prefix)."""
+
+    rounds: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0
+    max_round_bytes: int = 0
+
+    @property
+    def bytes_per_round(self) -> float:
+        return (self.request_bytes + self.response_bytes) / self.rounds if self.rounds else 0.0
+
+
+def params_to_pb(p: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(
+        temperature=float(p.temperature),
+        top_k=p.top_k,
+        top_p=float(p.top_p),
+        max_new_tokens=p.max_new_tokens,
+        ignore_eos=p.ignore_eos,
+        stop=list(p.stop),
+    )
+    if p.seed is not None:
+        msg.seed = p.seed
+    return msg
+
+
+def params_from_pb(m: pb.SamplingParams) -> SamplingParams:
+    """The request's params; top_p 0 (an unset field) means off, like 1.0."""
+    return SamplingParams(
+        temperature=m.temperature,
+        top_k=m.top_k,
+        top_p=m.top_p if m.top_p > 0 else 1.0,
+        seed=m.seed if m.HasField("seed") else None,
+        max_new_tokens=m.max_new_tokens,
+        stop=tuple(m.stop),
+        ignore_eos=m.ignore_eos,
+    )
+
+
+def mass_at_drafts(d: Draft) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_i(x_i), sum of q_i) per draft position, both [k] (q None: one-hot, so ones)."""
+    x = torch.tensor(d.token_ids, dtype=torch.int64)  # [k]
+    if d.q is None:
+        ones = torch.ones(len(d.token_ids))
+        return ones, ones
+    if isinstance(d.q, SparseQ):
+        ids, probs = d.q.ids, d.q.probs.float()  # [k, M]
+        return (probs * (ids == x[:, None])).sum(dim=1), probs.sum(dim=1)  # [k], [k]
+    q = d.q.float()  # [k, V]
+    return q.gather(1, x[:, None]).squeeze(1), q.sum(dim=1)  # [k], [k]
+
+
+def is_one_hot(d: Draft) -> bool:
+    """Every q row puts all its mass on the drafted token (a deterministic draft in disguise)."""
+    at_x, total = mass_at_drafts(d)
+    return bool((at_x == total).all())
+
+
+def round_to_pb(d: Draft) -> pb.SessionRequest:
+    """A Round: the draft ids, plus q's support per row unless q is one-hot (then ids only).
+
+    A dense q goes over the wire as its nonzero entries, which is exact but as large
+    as its support: sampled model drafts should use top-k/top-p (or the HTTP draft
+    worker, which already truncates q) to keep rounds small.
+    """
+    r = pb.Round(draft=d.token_ids)
+    if not is_one_hot(d):
+        assert d.q is not None
+        if isinstance(d.q, SparseQ):
+            ids, probs = d.q.ids, d.q.probs
+        else:
+            probs, ids = d.q, torch.arange(d.q.shape[1]).expand_as(d.q)
+        for i in range(len(d.token_ids)):
+            keep = probs[i] > 0  # [M]
+            r.q.add(ids=ids[i][keep].tolist(), probs=probs[i][keep].float().tolist())
+    return pb.SessionRequest(round=r)
+
+
+def q_rows_from_pb(r: pb.Round) -> Sequence[tuple[Sequence[int], Sequence[float]]]:
+    return [(row.ids, row.probs) for row in r.q]
+
+
+def check_draft(d: Draft, k: int, V: int) -> None:
+    """Raise ValueError unless d is a draft the worker can verify exactly (else: plain decoding)."""
+    n = len(d.token_ids)
+    if n > k or any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
+        raise ValueError(f"draft of {n} tokens for k={k}, or ids outside [0, {V})")
+    if isinstance(d.q, SparseQ):
+        if d.q.ids.dim() != 2 or d.q.ids.shape != d.q.probs.shape or d.q.ids.shape[0] != n:
+            raise ValueError("sparse q must be ([n, M], [n, M]) for n draft tokens")
+    elif d.q is not None and (d.q.dim() != 2 or d.q.shape[0] != n):
+        raise ValueError("dense q must be [n, V] for n draft tokens")
+    if n and not bool((mass_at_drafts(d)[0] > 0).all()):
+        raise ValueError("a draft token lies outside the q it was supposedly drawn from")
