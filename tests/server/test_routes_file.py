@@ -70,7 +70,7 @@ BAD_YAML: list[tuple[str, str, str]] = [
     ("routes:\n  - name: 'bad name'\n", "r.yaml:2", "needs a 'name'"),
     ("routes:\n  - name: a\n  - name: a\n", "r.yaml:3", "already used at r.yaml:2"),
     ("routes:\n  - name: a\n    name: b\n", "r.yaml:3", "given twice"),
-    ("routes:\n  - name: a\n    target: grpc://h:1\n", "r.yaml:3", "not available"),
+    ("routes:\n  - name: a\n    target: tcp://h:1\n", "r.yaml:3", "unknown target"),
     ("routes:\n  - name: a\n    drafter: model\n", "r.yaml:3", "needs --draft-model"),
     ("routes:\n  - name: a\n   drafter: none\n", "r.yaml:3", "invalid YAML"),
     ("routes: []\n", "r.yaml", "non-empty list"),

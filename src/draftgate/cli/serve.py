@@ -2,7 +2,13 @@
 
 With no --routes: one route named by --model, with --drafter/--k. With --routes
 FILE (YAML or TOML): the routes it declares; --model/--drafter/--k/--k-max are the
-defaults for keys a route leaves out. Client keys come from --api-keys-file or
+defaults for keys a route leaves out.
+
+Remote back ends: --target grpc://HOST:PORT[,grpc://...] (`draftgate serve-target`
+workers) or openai+http://HOST:PORT (an OpenAI-compatible server we do not own,
+e.g. llama.cpp's; greedy requests only unless --allow-approximate); --drafter
+http://HOST:PORT (`draftgate serve-draft`) or llamacpp+http://HOST:PORT (a
+llama.cpp server drafting greedily). Client keys come from --api-keys-file or
 DRAFTGATE_API_KEYS (comma or space separated); none = open dev mode.
 """
 
@@ -43,7 +49,95 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
+    drafter = p._option_string_actions["--drafter"]
+    drafter.choices = None  # also URLs: checked by _drafter_arg
+    drafter.type = _drafter_arg
+    drafter.help = (
+        "draft source: none, ngram, suffix, model, quant, auto, http://HOST:PORT (draft worker) "
+        "or llamacpp+http://HOST:PORT (a llama.cpp server) (default: %(default)s)"
+    )
+    r = p.add_argument_group("remote back ends")
+    r.add_argument(
+        "--target",
+        type=_target_arg,
+        default="embedded",
+        help="embedded, grpc://HOST:PORT[,grpc://...] or openai+http://HOST:PORT (default: %(default)s)",
+    )
+    r.add_argument(
+        "--draft-timeout-ms",
+        type=float,
+        default=None,
+        help="remote drafters: a slower answer costs that round its drafts (default: 50 ms http, 250 ms llamacpp)",
+    )
+    r.add_argument(
+        "--allow-approximate",
+        action="store_true",
+        help="openai+http targets: serve sampling requests approximately (marked in responses and metrics)",
+    )
     p.set_defaults(func=run)
+
+
+def _drafter_arg(v: str) -> str:
+    from draftgate.server.backends import parse_drafter
+
+    try:
+        parse_drafter(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return v
+
+
+def _target_arg(v: str) -> str:
+    from draftgate.server.backends import parse_target
+
+    try:
+        parse_target(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return v
+
+
+def route_from_flags(a: argparse.Namespace):  # -> RouteSpec
+    """The one route that flags describe (no --routes)."""
+    from draftgate.engine.config import DrafterKind
+    from draftgate.server.backends import parse_target
+    from draftgate.server.routes_file import RouteSpec
+
+    dspec = _drafter_spec(a)
+    target = parse_target(a.target)
+    if a.allow_approximate and target.kind != "openai":
+        raise ValueError("--allow-approximate applies only to --target openai+http://HOST:PORT")
+    if a.draft_timeout_ms is not None and not dspec.remote:
+        raise ValueError("--draft-timeout-ms applies only to remote drafters (http:// or llamacpp+http://)")
+    kind = dspec.kind if isinstance(dspec.kind, DrafterKind) else DrafterKind.NONE
+    base = engine_config(_with_drafter(a, kind.value))
+    return RouteSpec(
+        name=a.served_model_name or _default_name(base.model),
+        config=base,
+        target=target,
+        drafter=dspec if dspec.remote else None,
+        allow_approximate=a.allow_approximate,
+    )
+
+
+def _drafter_spec(a: argparse.Namespace):  # -> DrafterSpec
+    from draftgate.server.backends import parse_drafter
+
+    if a.draft_timeout_ms is not None:
+        if a.draft_timeout_ms <= 0:
+            raise ValueError("--draft-timeout-ms must be positive")
+        return parse_drafter(a.drafter, a.draft_timeout_ms / 1000.0)
+    if a.drafter.startswith("llamacpp+"):
+        from draftgate.server.backends.llamacpp_draft import DEFAULT_LLAMACPP_TIMEOUT_S
+
+        return parse_drafter(a.drafter, DEFAULT_LLAMACPP_TIMEOUT_S)
+    return parse_drafter(a.drafter)
+
+
+def _with_drafter(a: argparse.Namespace, drafter: str) -> argparse.Namespace:
+    b = argparse.Namespace(**vars(a))
+    b.drafter = drafter
+    return b
 
 
 def auth_config(a: argparse.Namespace, environ: dict[str, str] | None = None):  # -> AuthConfig
@@ -72,14 +166,15 @@ def run(a: argparse.Namespace) -> int:
     import uvicorn
 
     from draftgate.server import create_app
-    from draftgate.server.routes_file import RouteSpec, build_route_table, load_routes_file
+    from draftgate.server.routes_file import build_route_table, load_routes_file
 
     auth = auth_config(a)
-    base = engine_config(a)
     if a.routes is not None:
-        specs = load_routes_file(a.routes, base)
+        dspec = _drafter_spec(a)
+        base = engine_config(_with_drafter(a, "none" if dspec.remote else a.drafter))
+        specs = load_routes_file(a.routes, base, default_drafter=a.drafter, default_target=a.target)
     else:
-        specs = [RouteSpec(name=a.served_model_name or _default_name(base.model), config=base)]
+        specs = [route_from_flags(a)]
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     print(f"draftgate: loading {len(specs)} route(s): {', '.join(s.name for s in specs)}", file=sys.stderr)
     routes = build_route_table(specs)

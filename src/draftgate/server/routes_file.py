@@ -3,13 +3,18 @@
     routes:                      # [[routes]] in TOML
       - name: smollm2            # exposed model name (required, unique)
         model: smollm2-135m      # known name, .gguf file or HF folder (default: --model)
-        drafter: auto            # none | ngram | suffix | model | quant | auto (default: --drafter)
+        drafter: auto            # none | ngram | suffix | model | quant | auto | http://HOST:PORT
+                                 # | llamacpp+http://HOST:PORT (default: --drafter)
+        target: embedded         # embedded | grpc://HOST:PORT[,grpc://...] (or a list) | openai+http://HOST:PORT
         k: auto                  # draft tokens per round, or auto (default: --k)
         k_max: 8                 # upper bound for adaptive K (default: --k-max)
         enabled: true            # speculation on for this route (default: true)
 
 Optional per route: ``draft_model``, ``kv_blocks``, ``max_batch``, ``max_queue``,
-``target`` (only ``embedded`` in this build). Every error names the file, the
+``draft_timeout_ms`` (remote drafters: a slower answer costs that round its drafts),
+``allow_approximate`` (openai+http targets only: serve sampling requests with the
+approximate verifier, reported in the response and in metrics; default false =
+sampling requests are refused with a 400). See ``draftgate.server.backends``. Every error names the file, the
 line where possible, and the reason. Routes that share a model path share one
 loaded model (one copy of the weights in host memory); each gets its own engine.
 """
@@ -25,15 +30,18 @@ from typing import Any
 import tomllib
 import yaml
 
-from draftgate.engine import DrafterKind, EngineConfig, build_engine
+from draftgate.engine import DrafterKind, EngineConfig
 from draftgate.errors import DraftGateError
 from draftgate.models.loader import LoadedModel, load_model, resolve_model_path
+from draftgate.server.backends import DrafterSpec, TargetSpec, parse_drafter, parse_target
+from draftgate.server.backends.build import build_backend
 from draftgate.server.routes import ROUTE_NAME_RE, Route, RouteTable
 
 __all__ = ["RouteSpec", "RoutesFileError", "load_routes_file", "parse_routes", "build_route_table"]
 
 _FIELDS = {
     "name", "model", "drafter", "k", "k_max", "enabled", "draft_model", "kv_blocks", "max_batch", "max_queue", "target",
+    "draft_timeout_ms", "allow_approximate",
 }  # fmt: skip
 
 
@@ -49,6 +57,13 @@ class RouteSpec:
     config: EngineConfig
     enabled: bool = True
     where: str = ""  # "FILE:LINE" for messages
+    target: TargetSpec = TargetSpec("embedded")
+    drafter: DrafterSpec | None = None  # None: config.drafter (a built-in kind)
+    allow_approximate: bool = False
+
+    @property
+    def drafter_spec(self) -> DrafterSpec:
+        return self.drafter if self.drafter is not None else DrafterSpec(self.config.drafter)
 
     def __post_init__(self) -> None:
         if not ROUTE_NAME_RE.match(self.name):
@@ -58,15 +73,20 @@ class RouteSpec:
 Lines = dict[str, int]  # key -> 1-based line; "" -> the route's own line
 
 
-def load_routes_file(path: Path, base: EngineConfig) -> list[RouteSpec]:
+def load_routes_file(
+    path: Path, base: EngineConfig, default_drafter: str | None = None, default_target: str = "embedded"
+) -> list[RouteSpec]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise RoutesFileError(f"{path}: cannot read the routes file: {e}") from None
-    return parse_routes(text, path, base)
+    return parse_routes(text, path, base, default_drafter, default_target)
 
 
-def parse_routes(text: str, path: Path, base: EngineConfig) -> list[RouteSpec]:
+def parse_routes(
+    text: str, path: Path, base: EngineConfig, default_drafter: str | None = None, default_target: str = "embedded"
+) -> list[RouteSpec]:
+    """``default_drafter``/``default_target``: the flags' values for routes that leave those keys out."""
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         data, lines = _parse_yaml(text, path)
@@ -85,7 +105,7 @@ def parse_routes(text: str, path: Path, base: EngineConfig) -> list[RouteSpec]:
     seen: dict[str, str] = {}
     for i, item in enumerate(items):
         ln = lines[i] if i < len(lines) else {}
-        spec = _route(item, ln, path, base, i)
+        spec = _route(item, ln, path, base, i, default_drafter or base.drafter.value, default_target)
         if spec.name in seen:
             raise RoutesFileError(f"{spec.where}: route name {spec.name!r} is already used at {seen[spec.name]}")
         seen[spec.name] = spec.where
@@ -98,7 +118,9 @@ def _at(path: Path, lines: Lines, key: str = "") -> str:
     return f"{path}:{line}" if line else str(path)
 
 
-def _route(item: Any, lines: Lines, path: Path, base: EngineConfig, index: int) -> RouteSpec:
+def _route(
+    item: Any, lines: Lines, path: Path, base: EngineConfig, index: int, default_drafter: str, default_target: str
+) -> RouteSpec:
     where = _at(path, lines)
     if not isinstance(item, dict):
         raise RoutesFileError(f"{where}: route #{index + 1} must be a mapping of keys to values")
@@ -120,16 +142,28 @@ def _route(item: Any, lines: Lines, path: Path, base: EngineConfig, index: int) 
             raise bad(key, f"'{key}' must be an integer, got {v!r}")
         return v
 
-    target = item.get("target", "embedded")
-    if target != "embedded":
-        raise bad("target", f"target {target!r} is not available in this build (only 'embedded')")
+    try:
+        target = parse_target(item.get("target", default_target))
+    except ValueError as e:
+        raise bad("target", str(e)) from None
     model = item.get("model", base.model)
     if not isinstance(model, str) or not model:
         raise bad("model", "'model' must be a non-empty string (a known name, a .gguf file or an HF folder)")
-    drafter = item.get("drafter", base.drafter.value)
-    kinds = [d.value for d in DrafterKind]
-    if drafter not in kinds:
-        raise bad("drafter", f"unknown drafter {drafter!r}; choose from {', '.join(kinds)}")
+    timeout_ms = item.get("draft_timeout_ms")
+    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms <= 0):
+        raise bad("draft_timeout_ms", f"'draft_timeout_ms' must be a positive number, got {timeout_ms!r}")
+    drafter = item.get("drafter", default_drafter)
+    try:
+        dspec = parse_drafter(drafter) if timeout_ms is None else parse_drafter(drafter, timeout_ms / 1000.0)
+    except ValueError as e:
+        raise bad("drafter", str(e)) from None
+    if timeout_ms is not None and not dspec.remote:
+        raise bad("draft_timeout_ms", "'draft_timeout_ms' applies only to remote drafters (http:// or llamacpp+http://)")
+    approx = item.get("allow_approximate", False)
+    if not isinstance(approx, bool):
+        raise bad("allow_approximate", f"'allow_approximate' must be true or false, got {approx!r}")
+    if approx and target.kind != "openai":
+        raise bad("allow_approximate", "'allow_approximate' applies only to openai+http:// targets (the others are exact)")
     k: Any = item.get("k", "auto" if base.k is None else base.k)
     if k != "auto" and (isinstance(k, bool) or not isinstance(k, int)):
         raise bad("k", f"'k' must be an integer or 'auto', got {k!r}")
@@ -143,7 +177,7 @@ def _route(item: Any, lines: Lines, path: Path, base: EngineConfig, index: int) 
         cfg = replace(
             base,
             model=model,
-            drafter=DrafterKind(drafter),
+            drafter=dspec.kind if isinstance(dspec.kind, DrafterKind) else DrafterKind.NONE,
             k=None if k == "auto" else k,
             k_max=get_int("k_max", base.k_max),
             draft_model=draft_model,
@@ -156,7 +190,15 @@ def _route(item: Any, lines: Lines, path: Path, base: EngineConfig, index: int) 
             raise
         key = _key_for(str(e))
         raise bad(key, str(e)) from None
-    return RouteSpec(name=name, config=cfg, enabled=enabled, where=where)
+    return RouteSpec(
+        name=name,
+        config=cfg,
+        enabled=enabled,
+        where=where,
+        target=target,
+        drafter=dspec if dspec.remote else None,
+        allow_approximate=approx,
+    )
 
 
 def _key_for(message: str) -> str:
@@ -232,7 +274,7 @@ def build_route_table(
                 key = (_model_key(s.config.model), s.config.dtype)
                 if key not in shared:
                     shared[key] = load(s.config)
-                engine = build_engine(s.config, loaded=shared[key])
+                engine = build_backend(s.config, s.target, s.drafter_spec, shared[key], s.allow_approximate)
             except DraftGateError as e:
                 if not s.where:  # a route from flags: the error speaks for itself
                     raise

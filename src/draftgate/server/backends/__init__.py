@@ -1,0 +1,123 @@
+"""Remote back ends for gateway routes: where a route's target runs and where its drafts come from.
+
+Target specs (``--target`` / a route's ``target`` key):
+
+* ``embedded`` -- the in-process engine (the default);
+* ``grpc://HOST:PORT[,grpc://HOST:PORT...]`` -- `draftgate serve-target` workers
+  (a ``RemoteTargetEngine``; sessions pinned, least-loaded placement);
+* ``openai+http://HOST:PORT`` -- an OpenAI-compatible completion server we do
+  not own (llama.cpp's server), verified through its echoed prompt
+  log-probabilities (``OpenAITargetEngine``; greedy only unless the route sets
+  ``allow_approximate``).
+
+Drafter specs (``--drafter`` / a route's ``drafter`` key): the built-in kinds
+(none, ngram, suffix, model, quant, auto), ``http://HOST:PORT`` (a
+`draftgate serve-draft` worker, ``HttpDrafter``) or ``llamacpp+http://HOST:PORT``
+(a llama.cpp server as the draft engine, ``LlamaCppServerDrafter``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from draftgate.engine.config import DrafterKind
+
+__all__ = [
+    "TargetSpec",
+    "DrafterSpec",
+    "parse_target",
+    "parse_drafter",
+    "DEFAULT_REMOTE_DRAFT_TIMEOUT_S",
+]
+
+DEFAULT_REMOTE_DRAFT_TIMEOUT_S = 0.05  # a remote drafter that takes longer costs its round's drafts, nothing else
+
+_HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+
+def _hostport(addr: str, what: str) -> str:
+    m = _HOSTPORT.match(addr)
+    if not m or not 0 < int(m.group(2)) <= 65535:
+        raise ValueError(f"{what} {addr!r} must be HOST:PORT (port 1-65535)")
+    return addr
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    kind: str  # "embedded" | "grpc" | "openai"
+    addresses: tuple[str, ...] = ()  # grpc://HOST:PORT each, or one http://HOST:PORT
+
+    @property
+    def text(self) -> str:
+        if self.kind == "embedded":
+            return "embedded"
+        if self.kind == "grpc":
+            return ",".join(self.addresses)
+        return "openai+" + self.addresses[0]
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: DrafterKind | str  # a DrafterKind, or "http" / "llamacpp"
+    url: str | None = None  # http://HOST:PORT for the remote kinds
+    timeout_s: float = field(default=DEFAULT_REMOTE_DRAFT_TIMEOUT_S)
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+    @property
+    def text(self) -> str:
+        if self.kind == "llamacpp":
+            return "llamacpp+" + str(self.url)
+        if self.kind == "http":
+            return str(self.url)
+        assert isinstance(self.kind, DrafterKind)
+        return self.kind.value
+
+
+def parse_target(value: object) -> TargetSpec:
+    """A target spec from a flag or a routes-file value (a string, or a list of grpc:// strings)."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"target must be 'embedded', 'grpc://HOST:PORT[,grpc://...]' or 'openai+http://HOST:PORT', got {value!r}"
+        )
+    v = value.strip()
+    if v == "embedded":
+        return TargetSpec("embedded")
+    if v.startswith("grpc://"):
+        addrs = [a.strip() for a in v.split(",")]
+        for a in addrs:
+            if not a.startswith("grpc://"):
+                raise ValueError(f"every target in a list must be grpc://HOST:PORT, got {a!r}")
+            _hostport(a[len("grpc://") :], "gRPC target")
+        if len(set(addrs)) != len(addrs):
+            raise ValueError(f"target {v!r} names a worker twice")
+        return TargetSpec("grpc", tuple(addrs))
+    if v.startswith("openai+http://"):
+        url = v[len("openai+") :].rstrip("/")
+        _hostport(url[len("http://") :], "OpenAI-compatible target")
+        return TargetSpec("openai", (url,))
+    raise ValueError(
+        f"unknown target {v!r}; use 'embedded', 'grpc://HOST:PORT[,grpc://...]' or 'openai+http://HOST:PORT'"
+    )
+
+
+def parse_drafter(value: object, timeout_s: float = DEFAULT_REMOTE_DRAFT_TIMEOUT_S) -> DrafterSpec:
+    kinds = [d.value for d in DrafterKind]
+    if not isinstance(value, str):
+        raise ValueError(f"drafter must be a string, got {value!r}")
+    if value in kinds:
+        return DrafterSpec(DrafterKind(value))
+    if value.startswith("llamacpp+http://"):
+        url = value[len("llamacpp+") :].rstrip("/")
+        _hostport(url[len("http://") :], "llama.cpp drafter")
+        return DrafterSpec("llamacpp", url, timeout_s)
+    if value.startswith("http://"):
+        url = value.rstrip("/")
+        _hostport(url[len("http://") :], "draft worker")
+        return DrafterSpec("http", url, timeout_s)
+    raise ValueError(f"unknown drafter {value!r}; choose from {', '.join(kinds)}, http://HOST:PORT, llamacpp+http://HOST:PORT")

@@ -1,0 +1,78 @@
+"""Build one route's Backend from its config, target spec and drafter spec."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from draftgate.drafters.base import Drafter
+from draftgate.engine import EngineConfig, build_engine
+from draftgate.engine.config import DrafterKind
+from draftgate.engine.engine import Engine
+from draftgate.engine.factory import build_drafter
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ModelRunner
+from draftgate.server.backends import DrafterSpec, TargetSpec
+
+__all__ = ["build_backend", "make_drafter"]
+
+
+def make_drafter(cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel) -> Drafter | None:
+    """The route's drafter: a built-in kind (cfg.drafter is set to it), or a remote one."""
+    if spec.kind == "http":
+        from draftgate.server.rpc.draft_client import HttpDrafter
+
+        return HttpDrafter(str(spec.url), timeout_s=spec.timeout_s)
+    if spec.kind == "llamacpp":
+        from draftgate.server.backends.llamacpp_draft import LlamaCppServerDrafter
+
+        return LlamaCppServerDrafter(str(spec.url), loaded.tokenizer, timeout_s=spec.timeout_s)
+    assert isinstance(spec.kind, DrafterKind)
+    return build_drafter(replace(cfg, drafter=spec.kind), loaded)
+
+
+def build_backend(
+    cfg: EngineConfig,
+    target: TargetSpec,
+    drafter: DrafterSpec,
+    loaded: LoadedModel,
+    allow_approximate: bool = False,
+):  # -> Backend
+    """``loaded`` is the route's model: run by the embedded engine, only its tokenizer used otherwise."""
+    if target.kind == "embedded":
+        if not drafter.remote:
+            return build_engine(replace(cfg, drafter=drafter.kind), loaded=loaded)  # type: ignore[arg-type]
+        runner = ModelRunner(
+            loaded,
+            device=cfg.device,
+            num_blocks=cfg.num_blocks,
+            block_size=cfg.block_size,
+            enable_prefix_cache=cfg.enable_prefix_cache,
+        )
+        return Engine(
+            runner,
+            make_drafter(cfg, drafter, loaded),
+            k=cfg.k,
+            k_max=cfg.k_max,
+            max_batch=cfg.max_batch,
+            max_queue=cfg.max_queue,
+        )
+    d = make_drafter(cfg, drafter, loaded)
+    if target.kind == "grpc":
+        from draftgate.server.rpc.client import RemoteTargetEngine
+
+        return RemoteTargetEngine(
+            list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue
+        )
+    if target.kind == "openai":
+        from draftgate.server.backends.openai_target import OpenAITargetEngine
+
+        return OpenAITargetEngine(
+            target.addresses[0],
+            loaded.tokenizer,
+            d,
+            k=cfg.k,
+            k_max=cfg.k_max,
+            max_queue=cfg.max_queue,
+            allow_approximate=allow_approximate,
+        )
+    raise ValueError(f"unknown target kind {target.kind!r}")
