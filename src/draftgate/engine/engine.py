@@ -70,6 +70,7 @@ class _Req:
     detok: _Detok
     cancelled: bool = False
     started: bool = False
+    speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
 
 
 @dataclass
@@ -145,8 +146,13 @@ class Engine:
             raise BadRequestError("the prompt is empty")
         return ids
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Callable[[], None]:
-        """Queue a request; returns a cancel function. Raises BadRequestError / CapacityError."""
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
+    ) -> Callable[[], None]:
+        """Queue a request; returns a cancel function. Raises BadRequestError / CapacityError.
+
+        ``speculate=False`` decodes this request plainly (K = 0) whatever the engine's switch says.
+        """
         params.validate()
         ctx = self.runner.config.max_position_embeddings
         if len(prompt_ids) + params.max_new_tokens > ctx:
@@ -174,7 +180,7 @@ class Engine:
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
             ctl = GoodputController(self.k_max, self.drafter.name)
-        req = _Req(seq, sink, ctl, need, _Detok(seq.stop))
+        req = _Req(seq, sink, ctl, need, _Detok(seq.stop), speculate=speculate)
         self._inbox.put(req)
         self._wake.set()
 
@@ -306,7 +312,7 @@ class Engine:
         self._emit(r, s.append([first]))
 
     def _choose_k(self, r: _Req, other_tokens: int) -> int:
-        if self.drafter is None or not self.speculation_enabled:
+        if self.drafter is None or not self.speculation_enabled or not r.speculate:
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
         k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens)

@@ -6,6 +6,7 @@ engine: everything an app uses hangs off the arguments (and ``app.state``).
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
     GET /health                 GET /metrics
+    GET /admin/routes           POST /admin/routes/{name}   (admin keys; see server/ops/admin.py)
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
+from draftgate.engine import Chunk
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import Message
 from draftgate.server.api_errors import APIError, install_error_handlers
 from draftgate.server.auth import AuthConfig, require_client
 from draftgate.server.generation import Job, RequestStream, collect, open_stream, sse_events
 from draftgate.server.metrics import ServerMetrics
+from draftgate.server.ops.admin import admin_router
+from draftgate.server.ops.metrics import install_ops_metrics
+from draftgate.server.ops.state import Finished, Ops, OpsConfig
 from draftgate.server.render import Format
 from draftgate.server.routes import Route, RouteTable
 from draftgate.server.wire import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
@@ -42,23 +47,28 @@ DEFAULT_CHAT_MAX_TOKENS = 1024  # when a chat request gives no max_tokens (cappe
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def create_app(routes: RouteTable, auth: AuthConfig) -> FastAPI:
+def create_app(routes: RouteTable, auth: AuthConfig, ops_config: OpsConfig | None = None) -> FastAPI:
     if auth.open:
         log.warning("no API keys configured: /v1 is open to anyone who can reach it (dev mode)")
     metrics = ServerMetrics(routes)
+    ops = Ops(routes, ops_config)
+    install_ops_metrics(metrics.registry, ops)
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         routes.start()  # the back ends' owner (the CLI, a test) shuts them down
         yield
+        ops.close()
 
     app = FastAPI(title="draftgate", summary="Lossless speculative decoding gateway", lifespan=lifespan)
     app.state.routes = routes
     app.state.metrics = metrics
     app.state.auth = auth
+    app.state.ops = ops
     install_error_handlers(app)
-    app.include_router(_openai_router(routes, metrics, started), dependencies=[Depends(require_client(auth))])
+    app.include_router(_openai_router(routes, metrics, ops, started), dependencies=[Depends(require_client(auth))])
+    app.include_router(admin_router(ops, auth))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -72,7 +82,7 @@ def create_app(routes: RouteTable, auth: AuthConfig) -> FastAPI:
     return app
 
 
-def _openai_router(routes: RouteTable, metrics: ServerMetrics, started: int) -> APIRouter:
+def _openai_router(routes: RouteTable, metrics: ServerMetrics, ops: Ops, started: int) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.get("/models")
@@ -98,7 +108,7 @@ def _openai_router(routes: RouteTable, metrics: ServerMetrics, started: int) -> 
         ids = _encode(metrics, route, req.to_messages(), raw=False)
         params = req.sampling_params(_max_new_tokens(route, req.requested_max_tokens(), len(ids), chat=True))
         fmt = Format(chat=True, model=route.name, include_usage=req.include_usage)
-        return await _answer(request, metrics, route, fmt, ids, params, req.streaming)
+        return await _answer(request, metrics, ops, route, fmt, ids, params, req.streaming)
 
     @router.post("/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
@@ -108,7 +118,7 @@ def _openai_router(routes: RouteTable, metrics: ServerMetrics, started: int) -> 
         ids = list(prompt) if isinstance(prompt, list) else _encode(metrics, route, prompt, raw=True)
         params = req.sampling_params(_max_new_tokens(route, req.requested_max_tokens(), len(ids), chat=False))
         fmt = Format(chat=False, model=route.name, include_usage=req.include_usage)
-        return await _answer(request, metrics, route, fmt, ids, params, req.streaming)
+        return await _answer(request, metrics, ops, route, fmt, ids, params, req.streaming)
 
     return router
 
@@ -116,6 +126,7 @@ def _openai_router(routes: RouteTable, metrics: ServerMetrics, started: int) -> 
 async def _answer(
     request: Request,
     metrics: ServerMetrics,
+    ops: Ops,
     route: Route,
     fmt: Format,
     ids: list[int],
@@ -123,12 +134,13 @@ async def _answer(
     streaming: bool,
 ) -> Response:
     trace = metrics.trace(route)
+    speculate = ops.choose(route)  # the kill switch and the canary's arms
     try:
-        stream = open_stream(route, ids, params)
+        stream = open_stream(route, ids, params, speculate)
     except APIError as e:
         metrics.failure(route, "capacity" if e.status == 429 else "bad_request")
         raise
-    job = Job(route, fmt, ids, trace)
+    job = Job(route, fmt, ids, trace, params, speculate, on_done=lambda j, c: _report(ops, j, c))
     if not streaming:
         return await _collect_unless_gone(request, job, stream)
     return StreamingResponse(
@@ -137,6 +149,20 @@ async def _answer(
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         background=BackgroundTask(stream.cancel),  # also if the body never started
     )
+
+
+def _report(ops: Ops, job: Job, c: Chunk) -> None:
+    """A request finished well: hand it to the ops layer (stats, canary, shadow, lossless)."""
+    e2e, decode = job.trace.timings()
+    assert job.params is not None
+    done = Finished(
+        job.fmt.id, list(job.prompt_ids), list(job.output_ids), job.params, c.stats,
+        job.speculate, e2e, decode, job.trace.first_tokens,
+    )  # fmt: skip
+    try:
+        ops.finished(job.route, done)
+    except Exception:  # operating hooks must never fail the request they observe
+        log.exception("ops hook failed on route %s", job.route.name)
 
 
 async def _collect_unless_gone(request: Request, job: Job, stream: RequestStream) -> Response:

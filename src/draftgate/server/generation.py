@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from draftgate.engine import Chunk
@@ -41,7 +41,8 @@ class RequestStream:
         self._cancel()
 
 
-def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams, speculate: bool = True) -> RequestStream:
+    """Submit; ``speculate=False`` asks for plain decoding (only back ends that take ``speculate=``)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Chunk] = asyncio.Queue()
 
@@ -52,7 +53,10 @@ def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams) -> 
             pass
 
     try:
-        cancel = route.engine.submit(prompt_ids, params, sink)
+        if speculate:
+            cancel = route.engine.submit(prompt_ids, params, sink)
+        else:
+            cancel = route.engine.submit(prompt_ids, params, sink, speculate=False)  # type: ignore[call-arg]
     except CapacityError as e:
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except (BadRequestError, ValueError) as e:
@@ -69,6 +73,14 @@ class Job:
     fmt: Format
     prompt_ids: list[int]
     trace: RequestTrace
+    params: SamplingParams | None = None
+    speculate: bool = True  # the arm it runs in
+    on_done: Callable[[Job, Chunk], None] | None = None  # after a stop/length finish (ops hooks)
+    output_ids: list[int] = field(default_factory=list)
+
+    def done(self, c: Chunk) -> None:
+        if self.on_done is not None:
+            self.on_done(self, c)
 
     def spec(self, c: Chunk) -> dict[str, Any]:
         return speculative_json(c.stats, self.route.drafter_name)
@@ -90,6 +102,7 @@ async def collect(job: Job, stream: RequestStream) -> dict[str, Any]:
             c = await stream.next()
             n += len(c.token_ids)
             job.trace.tokens(len(c.token_ids))
+            job.output_ids.extend(c.token_ids)
             parts.append(c.text)
             if c.finish_reason is not None:
                 finished = True
@@ -102,6 +115,7 @@ async def collect(job: Job, stream: RequestStream) -> dict[str, Any]:
         job.trace.finish("error", len(job.prompt_ids), n, c.stats)
         raise _failure(c)
     job.trace.finish(c.finish_reason, len(job.prompt_ids), n, c.stats)
+    job.done(c)
     return job.fmt.response("".join(parts), c.finish_reason, len(job.prompt_ids), n, job.spec(c))
 
 
@@ -116,6 +130,7 @@ async def sse_events(job: Job, stream: RequestStream) -> AsyncIterator[str]:
             c = await stream.next()
             n += len(c.token_ids)
             job.trace.tokens(len(c.token_ids))
+            job.output_ids.extend(c.token_ids)
             if c.finish_reason not in (None, "stop", "length"):
                 finished = True
                 job.trace.finish("error", len(job.prompt_ids), n, c.stats)
@@ -126,6 +141,7 @@ async def sse_events(job: Job, stream: RequestStream) -> AsyncIterator[str]:
             if c.finish_reason is not None:
                 finished = True
                 job.trace.finish(c.finish_reason, len(job.prompt_ids), n, c.stats)
+                job.done(c)
                 yield fmt.final_chunk(c.finish_reason, job.spec(c))
                 if fmt.include_usage:
                     yield fmt.usage_chunk(len(job.prompt_ids), n)

@@ -127,6 +127,8 @@ class RequestTrace:
         self._t0 = self._last = time.perf_counter()
         self._first = True
         self._done = False
+        self.first_tokens = 0  # tokens in the first delivery
+        self._t_first = self._t0
 
     def tokens(self, n: int) -> None:
         if n <= 0:
@@ -135,9 +137,14 @@ class RequestTrace:
         if self._first:
             self._m.ttft.labels(self._route).observe(now - self._t0)
             self._first = False
+            self.first_tokens, self._t_first = n, now
         else:
             self._m.itl.labels(self._route).observe(now - self._last)
         self._last = now
+
+    def timings(self) -> tuple[float, float]:
+        """(seconds since arrival, seconds from the first delivery to the last)."""
+        return time.perf_counter() - self._t0, self._last - self._t_first
 
     def finish(self, reason: str, prompt_tokens: int, completion_tokens: int, stats: SpecStats | None) -> None:
         if self._done:
