@@ -166,7 +166,6 @@ class Ops:
         c = self.config
         self.shadow_worker = BackgroundWorker("shadow", c.shadow_queue, c.background_cpu_share)
         self.lossless_worker = BackgroundWorker("lossless", c.lossless_queue, c.background_cpu_share)
-        self.admin_changes: list[tuple[str, str]] = []  # (route, field), for the metrics sink
         self.on_change: list[Any] = []  # callbacks(route, field) (the metrics sink registers one)
         self.on_rollback: list[Any] = []
         self.on_lossless: list[Any] = []  # callbacks(route, mismatch: bool)
