@@ -2,10 +2,12 @@
 
 ``Ops`` is the gateway's one handle on it (hung off ``app.state.ops``):
 
-1. ``choose(route)``: per request, before submit: speculate or not. A route that
+1. ``choose(route)``: per request, before submit: may it speculate. A route that
    is off decodes plainly; a route that is on with ``canary_fraction`` x in (0, 1)
    speculates on x of its requests (a seeded ``random.Random``), the rest are the
-   plain control arm; x = 1 speculates on all (no canary), x = 0 on none.
+   plain control arm (``submit(..., speculate=False)``); x = 1 speculates on all
+   (no canary), x = 0 on none. Back ends whose ``submit`` takes no ``speculate=``
+   (remote ones) get no canary: the route's switch alone decides.
 2. ``finished(...)``: after a request ends well: live stats, a canary sample (and
    maybe the auto-rollback), a shadow replay and a lossless re-run, both queued
    on bounded background workers (dropped when full).
@@ -76,7 +78,7 @@ class Finished:
     output_ids: list[int]
     params: SamplingParams
     stats: SpecStats | None
-    speculate: bool  # the arm it ran in
+    speculate: bool  # False: it was forced plain (the canary's control arm)
     e2e_s: float
     decode_s: float  # first delivery to last
     first_tokens: int  # tokens in the first delivery
@@ -207,14 +209,15 @@ class Ops:
     # ------------------------------------------------------------- requests
 
     def choose(self, route: Route) -> bool:
-        """Whether this request speculates (False: plain, the route is off or it is the control arm)."""
+        """False: this request is forced plain (the canary's control arm, submitted with
+        ``speculate=False``); True: the engine's switch decides (off routes decode plainly anyway)."""
         ro = self.routes[route.name]
-        if not route.speculative:
-            return False
-        if not ro.per_request:  # a back end that cannot decode one request plainly: no canary
+        if not route.speculative or not ro.per_request:  # no per-request plain: no canary
             return True
         if ro.canary_fraction >= 1.0:
             return True
+        if ro.canary_fraction <= 0.0:
+            return False
         return self._rng.random() < ro.canary_fraction
 
     def finished(self, route: Route, f: Finished) -> None:
