@@ -72,3 +72,15 @@ def test_rollback_after_enough_losing_samples() -> None:
     snap = ops["r"].snapshot()
     assert snap["canary"]["rollbacks"] == 1 and "tokens/s" in snap["last_rollback_reason"]
     assert snap["stats"]["requests"] == 10
+
+
+def test_fractions_come_from_the_route_and_are_validated() -> None:
+    route = Route("r", FakeBackend(), canary_fraction=0.0, shadow_fraction=0.5)  # type: ignore[arg-type]
+    ops = Ops(RouteTable.of([route]))
+    assert ops["r"].snapshot()["canary_fraction"] == 0.0 and ops["r"].shadow_fraction == 0.5
+    assert not ops.choose(route)
+    ops.update("r", {"canary_fraction": 1.0})
+    assert route.canary_fraction == 1.0
+    for bad in (-0.1, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match="canary_fraction"):
+            Route("r", FakeBackend(), canary_fraction=bad)  # type: ignore[arg-type]

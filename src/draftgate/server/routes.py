@@ -57,6 +57,8 @@ class Route:
     enabled: bool = True
     model: str = ""  # where the weights came from, for /v1/models
     context_length: int | None = None  # prompt + completion tokens the back end accepts
+    canary_fraction: float = 1.0  # of requests that speculate while enabled (the rest: plain control arm)
+    shadow_fraction: float = 0.0  # of requests replayed through the drafter while speculation is off
 
     def __post_init__(self) -> None:
         if not ROUTE_NAME_RE.match(self.name):
@@ -64,6 +66,10 @@ class Route:
                 f"route name {self.name!r} must be 1-128 characters of letters, digits and ._:/@+- "
                 "(starting with a letter or digit)"
             )
+        for f in ("canary_fraction", "shadow_fraction"):
+            x = getattr(self, f)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
+                raise ValueError(f"route {self.name!r}: {f} must be a number in [0, 1], got {x!r}")
         if self.context_length is None:
             runner = getattr(self.engine, "runner", None)
             self.context_length = getattr(getattr(runner, "config", None), "max_position_embeddings", None)

@@ -87,8 +87,6 @@ class Finished:
 @dataclass
 class RouteOps:
     route: Route
-    canary_fraction: float = 1.0
-    shadow_fraction: float = 0.0
     lossless_fraction: float = 0.0
     monitor: CanaryMonitor = field(default_factory=CanaryMonitor)
     requests: int = 0
@@ -104,6 +102,23 @@ class RouteOps:
     lossless_reference: Backend | None = None  # None: the route's own engine (tests inject another)
     shadow_cost: CostModel | None = None
     per_request: bool = True  # the back end's submit takes speculate= (set by Ops)
+
+    # The fractions live on the Route (set by the routes file, changed by the admin API).
+    @property
+    def canary_fraction(self) -> float:
+        return self.route.canary_fraction
+
+    @canary_fraction.setter
+    def canary_fraction(self, x: float) -> None:
+        self.route.canary_fraction = x
+
+    @property
+    def shadow_fraction(self) -> float:
+        return self.route.shadow_fraction
+
+    @shadow_fraction.setter
+    def shadow_fraction(self, x: float) -> None:
+        self.route.shadow_fraction = x
 
     @property
     def canarying(self) -> bool:
