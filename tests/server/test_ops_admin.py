@@ -223,3 +223,13 @@ def test_lossless_canary_counts_checks_and_mismatches(gw: Gateway, admin: httpx.
     assert recent[-1]["request_id"] == outs[-1]["id"] or recent[-1]["request_id"] in {o["id"] for o in outs}
     assert all(isinstance(m["first_differing_position"], int) for m in recent)
     assert_no_leaks(gw.engine(name))
+
+
+def test_streamed_requests_feed_the_route_stats(gw: Gateway, admin: httpx.Client) -> None:
+    before = row(admin, "ops-ngram")["stats"]["requests"]
+    with gw.openai() as client:
+        stream = client.chat.completions.create(
+            model="ops-ngram", messages=[{"role": "user", "content": PROMPT}], max_tokens=6, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) is not None
+    assert row(admin, "ops-ngram")["stats"]["requests"] == before + 1
