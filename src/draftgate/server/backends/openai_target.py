@@ -23,10 +23,12 @@ and checks:
   text with its special tokens and re-tokenized by the server; every round
   checks that the server's echoed tokens are ours (count and strings) and fails
   the request with a clear error when they are not (never a silent drift);
-* its echoed ``top_logprobs[i]`` is the distribution *after* token i (the
-  distribution that predicts token i+1; there is no BOS in front because the
-  SmolLM2 GGUF has add_bos_token false), tokens equal to its BOS id are
-  skipped in the lists, and entries are keyed by token *string*: strings map
+* it pairs each echoed token with the distribution after the token *before*
+  it only when the prompt starts with BOS (it drops a leading BOS, then zips
+  tokens with score rows); without a leading BOS every entry is shifted by
+  one; tokens equal to its BOS id are skipped in the lists and the first entry
+  is null. All of this is mapped explicitly and the layout is checked (entry
+  count and echoed strings) on every round. Entries are keyed by token *string*: strings map
   back to ids through the route's tokenizer (the same GGUF); a string that
   several ids share (partial UTF-8 byte tokens) ends the request with an error
   rather than a guess.
@@ -367,6 +369,8 @@ class OpenAITargetEngine:
 
     def _canonical_drafts(self, history: list[int], drafts: list[int]) -> list[int]:
         """The longest prefix of drafts whose text re-tokenizes to the same ids (checked on a local tail)."""
+        if self._bos in drafts:  # the server's lists skip BOS-id tokens: such a draft cannot be verified
+            drafts = drafts[: drafts.index(self._bos)]
         if not drafts:
             return drafts
         tail = history[-8:]
@@ -415,18 +419,24 @@ class OpenAITargetEngine:
                 "the history does not survive the server's re-tokenization"
             )
         tops, toks = lp["top_logprobs"], lp["tokens"]
-        entry_of: dict[int, int] = {}
+        # llama-cpp-python pairs all_tokens[j] with scores[j] (the distribution after ids[j], i.e. the one
+        # predicting position j+1), where all_tokens = ids without a leading BOS, then the completion token;
+        # pairs whose token is the BOS id are skipped, and the first pair's top_logprobs is None.
+        off = 1 if ids and ids[0] == self._bos else 0
+        n_after = len(ids) - off  # all_tokens entries that are ours; index n_after is the completion
+        entry_of: dict[int, int] = {}  # j (scores row) -> entry index
         e = 0
-        for i, t in enumerate(ids):
-            if t == self._bos:
+        for j in range(len(ids)):
+            if j < n_after and ids[j + off] == self._bos:
                 continue
-            entry_of[i] = e
+            entry_of[j] = e
             e += 1
-        if len(tops) < e or len(toks) < e:
-            raise VerifyError(f"unexpected log-probability layout: {len(tops)} entries for {e} prompt tokens")
-        for i in range(max(0, start - 1), len(ids)):  # the echoed tokens we rely on are ours
-            if i in entry_of and toks[entry_of[i]] != pieces.pieces[ids[i]]:
-                raise VerifyError(f"the server echoed token {toks[entry_of[i]]!r} at {i}, the gateway holds {pieces.pieces[ids[i]]!r}")
+        if len(tops) != e or len(toks) != e:
+            raise VerifyError(f"unexpected log-probability layout: {len(tops)} entries, expected {e}")
+        for j in range(max(0, start - 1), n_after):  # the echoed tokens we rely on are ours
+            en = entry_of.get(j)
+            if en is not None and toks[en] != pieces.pieces[ids[j + off]]:
+                raise VerifyError(f"the server echoed {toks[en]!r} at {j + off}, the gateway holds {pieces.pieces[ids[j + off]]!r}")
         out: list[dict[int, float]] = []
         for p in range(start, len(ids) + 1):
             en = entry_of.get(p - 1)
