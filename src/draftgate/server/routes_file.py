@@ -13,8 +13,8 @@
 Optional per route: ``draft_model``, ``kv_blocks``, ``max_batch``, ``max_queue``,
 ``draft_timeout_ms`` (remote drafters: a slower answer costs that round its drafts),
 ``allow_approximate`` (openai+http targets only: serve sampling requests with the
-approximate verifier, reported in the response and in metrics; default false =
-sampling requests are refused with a 400). See ``draftgate.server.backends``. Every error names the file, the
+approximate verifier, flagged as ``approximate`` on the request's stats and counted
+by the back end; default false = sampling requests are refused with a 400). See ``draftgate.server.backends``. Every error names the file, the
 line where possible, and the reason. Routes that share a model path share one
 loaded model (one copy of the weights in host memory); each gets its own engine.
 """

@@ -174,6 +174,7 @@ class OpenAITargetEngine:
         timeout_s: float = 60.0,
         max_concurrent: int = 4,
         model_name: str | None = None,
+        client: httpx.Client | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
@@ -188,7 +189,7 @@ class OpenAITargetEngine:
         self.approximate_requests = 0
         self.rounds = 0
         self.http_s = 0.0  # time spent waiting for the server (all rounds)
-        self._http = httpx.Client(timeout=timeout_s)
+        self._http = client or httpx.Client(timeout=timeout_s)
         self._pieces: TokenPieces | None = None
         self._bos = tokenizer.bos_id
         self._lock = threading.Lock()
@@ -222,6 +223,9 @@ class OpenAITargetEngine:
         self._pool = None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+            transport = getattr(self._http, "_transport", None)
+            if isinstance(transport, httpx.MockTransport):
+                return  # a test's client: keep it
             self._http.close()
             self._http = httpx.Client(timeout=self._http.timeout)  # restartable
 

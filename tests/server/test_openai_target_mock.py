@@ -1,0 +1,120 @@
+"""OpenAITargetEngine against a fake server with llama-cpp-python's echo+logprobs layout (no llama.cpp).
+
+The fake server's "model" is a deterministic rule over token ids; its answers
+follow llama-cpp-python 0.3.x exactly as openai_target documents it (a leading
+BOS dropped from the echoed list, every other BOS-id token skipped, the first
+entry null, top_logprobs keyed by token string plus the echoed token's own
+entry). Greedy output through the back end must equal the rule's own greedy
+continuation, whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import Sequence
+
+import httpx
+import pytest
+
+from draftgate.drafters import NgramDrafter
+from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.models.loader import LoadedModel
+from draftgate.server.backends.openai_target import OpenAITargetEngine, TokenPieces
+from draftgate.types import SamplingParams
+
+
+class RuleServer:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.tok = loaded.tokenizer
+        self.pieces = TokenPieces(self.tok)
+        self.words = [i for i in range(4, 40)]  # plain word ids of the tiny vocabulary
+        self.requests = 0
+
+    def next(self, ids: Sequence[int]) -> int:
+        return self.words[(ids[-1] * 31 + len(ids) * 7) % len(self.words)]
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        out = list(ids)
+        for _ in range(n):
+            out.append(self.next(out))
+        return out[len(ids) :]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        body = json.loads(request.content)
+        assert body["echo"] is True and body["max_tokens"] == 1 and body["temperature"] == 0.0
+        ids = self.tok.encode(body["prompt"], add_special=False)
+        bos = self.tok.bos_id
+        completion = self.next(ids)
+        off = 1 if ids[0] == bos else 0
+        all_tokens = ids[off:] + [completion]
+        tokens, tops = [], []
+        for j in range(len(ids)):  # score row j: the distribution after ids[: j + 1]
+            t = all_tokens[j]
+            if t == bos:
+                continue
+            best = self.next(ids[: j + 1])
+            top = {self.pieces.pieces[best]: -0.1}
+            top.update({self.pieces.pieces[t]: -0.1 if t == best else -7.0})
+            tokens.append(self.pieces.pieces[t])
+            tops.append(top)
+        tops[0] = None
+        lp = {"tokens": tokens, "top_logprobs": tops, "token_logprobs": [None] * len(tokens), "text_offset": [0] * len(tokens)}
+        data = {"choices": [{"text": "", "logprobs": lp, "finish_reason": "length"}], "usage": {"prompt_tokens": len(ids)}}
+        return httpx.Response(200, json=data)
+
+
+class HalfRightDrafter:
+    """Proposes the rule's true next tokens, then a wrong one: exercises accept + reject in one round."""
+
+    name = "halfright"
+
+    def __init__(self, server: RuleServer) -> None:
+        self.server = server
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            good = self.server.greedy(list(r.tokens), max(0, r.k - 1))
+            wrong = self.server.words[0] if self.server.next(list(r.tokens) + good) != self.server.words[0] else self.server.words[1]
+            out.append(Draft((good + [wrong])[: r.k]))
+        return out
+
+    def observe(self, *a: object) -> None:
+        pass
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+def _run(eng: OpenAITargetEngine, ids: list[int], n: int) -> tuple[list[int], object]:
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    eng.submit(ids, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True), q.put)
+    toks: list[int] = []
+    while True:
+        c = q.get(timeout=30)
+        toks.extend(c.token_ids)
+        if c.finish_reason is not None:
+            assert c.finish_reason == "length", c.error
+            return toks, c.stats
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "halfright", "none"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_greedy_equals_the_servers_greedy(tiny_model: LoadedModel, drafter: str, chat: bool) -> None:
+    server = RuleServer(tiny_model)
+    d = {"ngram": NgramDrafter(), "halfright": HalfRightDrafter(server), "none": None}[drafter]
+    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, d, k=4, client=httpx.Client(transport=httpx.MockTransport(server)))
+    try:
+        if chat:
+            ids = tiny_model.tokenizer.encode_chat([{"role": "user", "content": "hello world the"}])
+        else:
+            ids = tiny_model.tokenizer.encode("a b c a b c a b", add_special=False)
+        got, stats = _run(eng, ids, 20)
+        assert got == server.greedy(ids, 20)
+        if drafter == "halfright":
+            assert stats.accepted_tokens > 0 and stats.accepted_tokens < stats.draft_tokens  # type: ignore[attr-defined]
+            assert server.requests < 20  # fewer server calls than tokens
+    finally:
+        eng.shutdown()
