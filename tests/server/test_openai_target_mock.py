@@ -118,3 +118,21 @@ def test_greedy_equals_the_servers_greedy(tiny_model: LoadedModel, drafter: str,
             assert server.requests < 20  # fewer server calls than tokens
     finally:
         eng.shutdown()
+
+
+def test_approximate_mode_is_flagged(tiny_model: LoadedModel) -> None:
+    server = RuleServer(tiny_model)
+    eng = OpenAITargetEngine(
+        "http://fake", tiny_model.tokenizer, NgramDrafter(), k=4, allow_approximate=True,
+        client=httpx.Client(transport=httpx.MockTransport(server)),
+    )  # fmt: skip
+    try:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        ids = tiny_model.tokenizer.encode("a b c a b c a b", add_special=False)
+        eng.submit(ids, SamplingParams(temperature=0.8, max_new_tokens=8, ignore_eos=True, seed=1), q.put)
+        while (c := q.get(timeout=30)).finish_reason is None:
+            pass
+        assert c.finish_reason == "length", c.error
+        assert getattr(c.stats, "approximate", False) is True and eng.approximate_requests == 1
+    finally:
+        eng.shutdown()
