@@ -81,9 +81,11 @@ def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str,
     t0 = time.perf_counter()
     engine.submit(ids, params, q.put)
     n = 0
+    toks: list[int] = []
     while True:
         c = q.get(timeout=600)
         n += len(c.token_ids)
+        toks.extend(c.token_ids)
         if c.finish_reason is not None:
             el = time.perf_counter() - t0
             s = c.stats
@@ -94,6 +96,7 @@ def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str,
                 "rounds": getattr(s, "rounds", 0),
                 "draft_tokens": getattr(s, "draft_tokens", 0),
                 "accepted_tokens": getattr(s, "accepted_tokens", 0),
+                "token_ids": toks,
             }
 
 
@@ -124,11 +127,16 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
                         ).json()
                         el = time.perf_counter() - t0
                         res = {"tokens": r["usage"]["completion_tokens"], "seconds": el, "error": None}
+                        server_text = r["choices"][0]["text"]
                     else:
                         res = run_engine(eng, ids, params)
+                        res["text"] = tok.decode(res.pop("token_ids"))
                     res.update(who=who, category=p["category"], question_id=p["question_id"], repeat=rep)
                     res["tok_s"] = res["tokens"] / res["seconds"] if res["seconds"] else 0.0
                     rows.append(res)
+                for res in rows[-2:]:  # same text as the server's own greedy run? (see openai_target's notes)
+                    if res["who"] == "gateway":
+                        res["same_text_as_server"] = res.pop("text") == server_text
                     print(json.dumps(res), file=sys.stderr)
     finally:
         eng.shutdown()
@@ -136,7 +144,10 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
         proc.wait(timeout=10)
     by: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     errors: dict[str, int] = defaultdict(int)
+    same: dict[str, list[bool]] = defaultdict(list)
     for r in rows:
+        if "same_text_as_server" in r:
+            same[r["category"]].append(r["same_text_as_server"])
         by[r["category"]][r["who"]].append(r["tok_s"])
         if r.get("error"):
             errors[r["category"]] += 1
@@ -145,7 +156,8 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
         s = statistics.median(d["server"]) if d["server"] else 0.0
         g = statistics.median(d["gateway"]) if d["gateway"] else 0.0
         summary[cat] = {"server_tok_s": round(s, 2), "gateway_tok_s": round(g, 2),
-                        "ratio": round(g / s, 3) if s else None, "gateway_errors": errors[cat]}  # fmt: skip
+                        "ratio": round(g / s, 3) if s else None, "gateway_errors": errors[cat],
+                        "same_text_as_server": f"{sum(same[cat])}/{len(same[cat])}"}  # fmt: skip
     return {"rows": rows, "summary": summary}
 
 
@@ -173,6 +185,7 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
                 order = ("embedded", "split") if rep % 2 == 0 else ("split", "embedded")
                 for who in order:
                     res = run_engine(emb if who == "embedded" else split, ids, params)
+                    res.pop("token_ids")
                     res.update(who=who, category=p["category"], question_id=p["question_id"], repeat=rep)
                     res["s_per_round"] = res["seconds"] / res["rounds"] if res["rounds"] else None
                     rows.append(res)

@@ -30,8 +30,11 @@ class RuleServer:
         self.pieces = TokenPieces(self.tok)
         self.words = [i for i in range(4, 40)]  # plain word ids of the tiny vocabulary
         self.requests = 0
+        self.eos_at: int | None = None  # the rule emits EOS when the history has this many tokens
 
     def next(self, ids: Sequence[int]) -> int:
+        if self.eos_at is not None and len(ids) == self.eos_at:
+            return self.tok.eos_ids[0]
         return self.words[(ids[-1] * 31 + len(ids) * 7) % len(self.words)]
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
@@ -48,9 +51,10 @@ class RuleServer:
         bos = self.tok.bos_id
         completion = self.next(ids)
         off = 1 if ids[0] == bos else 0
-        all_tokens = ids[off:] + [completion]
+        eog = completion in self.tok.eos_ids
+        all_tokens = ids[off:] + ([] if eog else [completion])  # llama-cpp-python drops an EOS completion
         tokens, tops = [], []
-        for j in range(len(ids)):  # score row j: the distribution after ids[: j + 1]
+        for j in range(min(len(ids), len(all_tokens))):  # score row j: the distribution after ids[: j + 1]
             t = all_tokens[j]
             if t == bos:
                 continue
@@ -61,7 +65,7 @@ class RuleServer:
             tops.append(top)
         tops[0] = None
         lp = {"tokens": tokens, "top_logprobs": tops, "token_logprobs": [None] * len(tokens), "text_offset": [0] * len(tokens)}
-        data = {"choices": [{"text": "", "logprobs": lp, "finish_reason": "length"}], "usage": {"prompt_tokens": len(ids)}}
+        data = {"choices": [{"text": "", "logprobs": lp, "finish_reason": "stop" if eog else "length"}], "usage": {"prompt_tokens": len(ids)}}
         return httpx.Response(200, json=data)
 
 
@@ -134,5 +138,28 @@ def test_approximate_mode_is_flagged(tiny_model: LoadedModel) -> None:
             pass
         assert c.finish_reason == "length", c.error
         assert getattr(c.stats, "approximate", False) is True and eng.approximate_requests == 1
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_server_eos_ends_the_request(tiny_model: LoadedModel, chat: bool) -> None:
+    server = RuleServer(tiny_model)
+    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, HalfRightDrafter(server), k=4,
+                             client=httpx.Client(transport=httpx.MockTransport(server)))  # fmt: skip
+    try:
+        if chat:
+            ids = tiny_model.tokenizer.encode_chat([{"role": "user", "content": "hello world the"}])
+        else:
+            ids = tiny_model.tokenizer.encode("a b c a b c a b", add_special=False)
+        server.eos_at = len(ids) + 6
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        eng.submit(ids, SamplingParams(temperature=0.0, max_new_tokens=20), q.put)
+        toks: list[int] = []
+        while (c := q.get(timeout=30)).finish_reason is None:
+            toks.extend(c.token_ids)
+        toks.extend(c.token_ids)
+        assert c.finish_reason == "stop", c.error
+        assert toks == server.greedy(ids, 7) and toks[-1] == tiny_model.tokenizer.eos_ids[0]
     finally:
         eng.shutdown()

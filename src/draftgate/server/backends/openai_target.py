@@ -29,9 +29,12 @@ and checks:
   one; tokens equal to its BOS id are skipped in the lists and the first entry
   is null. All of this is mapped explicitly and the layout is checked (entry
   count and echoed strings) on every round. Entries are keyed by token *string*: strings map
-  back to ids through the route's tokenizer (the same GGUF); a string that
-  several ids share (partial UTF-8 byte tokens) ends the request with an error
-  rather than a guess.
+  back to ids through the route's tokenizer (the same GGUF). Two strings are
+  shared by several ids and resolved by rule (counted in ``TokenPieces.resolved``,
+  NOT exact if the server's choice was the other id): text that byte-fragment
+  tokens share with a complete token is read as the complete token, and ""
+  (every special token prints as "") is read as EOS. Any other shared string
+  ends the request with an error.
 
 Sampling (temperature > 0) is refused at submit time (HTTP 400) unless the
 route sets ``allow_approximate``: the server's top-n log-probabilities do not
@@ -109,7 +112,8 @@ class TokenPieces:
         self.pieces: list[str] = []
         self.by_piece: dict[str, list[int]] = {}
         self.clean: dict[str, int] = {}  # string -> the one id whose bytes are complete UTF-8 with that text
-        self.resolved = 0  # strings that several ids share, resolved to the complete-UTF-8 id
+        self.resolved = 0  # strings that several ids share, resolved to the complete-UTF-8 id (or EOS)
+        self.eos = tokenizer.eos_ids[0] if tokenizer.eos_ids else -1
         for i in range(tokenizer.vocab_size):
             tok = tokenizer.id_to_token(i)
             if tok is None or i in special:
@@ -131,6 +135,11 @@ class TokenPieces:
         ids = self.by_piece.get(s, [])
         if len(ids) == 1:
             return ids[0]
+        if s == "" and self.eos in ids:
+            # llama.cpp prints special tokens as "": an empty argmax is read as EOS (the special token a
+            # model chooses in practice). Not exact if the server chose another special token.
+            self.resolved += 1
+            return self.eos
         if len(ids) > 1 and s in self.clean:
             # Byte-fragment tokens print as their complete characters only (llama.cpp drops the
             # fragment): take the complete-UTF-8 token. Not exact if the server's choice was a fragment.
@@ -435,6 +444,13 @@ class OpenAITargetEngine:
                 continue
             entry_of[j] = e
             e += 1
+        eog_last = False
+        if off and len(tops) == e - 1 == len(toks) and data["choices"][0].get("finish_reason") == "stop":
+            # The server's greedy next token is an end-of-generation token: it is not appended, so the
+            # pair for the last position is missing (with a leading BOS only). Its argmax is that EOS.
+            entry_of.pop(len(ids) - 1, None)
+            e -= 1
+            eog_last = True
         if len(tops) != e or len(toks) != e:
             raise VerifyError(f"unexpected log-probability layout: {len(tops)} entries, expected {e}")
         for j in range(max(0, start - 1), n_after):  # the echoed tokens we rely on are ours
@@ -443,6 +459,11 @@ class OpenAITargetEngine:
                 raise VerifyError(f"the server echoed {toks[en]!r} at {j + off}, the gateway holds {pieces.pieces[ids[j + off]]!r}")
         out: list[dict[int, float]] = []
         for p in range(start, len(ids) + 1):
+            if eog_last and p == len(ids):
+                if not self.tokenizer.eos_ids:
+                    raise VerifyError("the server ended generation but the route's tokenizer has no EOS id")
+                out.append({self.tokenizer.eos_ids[0]: 0.0})
+                continue
             en = entry_of.get(p - 1)
             top = tops[en] if en is not None else None
             if not top:
