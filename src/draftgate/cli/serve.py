@@ -74,6 +74,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="openai+http targets: serve sampling requests approximately (marked in responses and metrics)",
     )
+    o = p.add_argument_group("operating (admin API at /admin; needs --admin-key-file)")
+    o.add_argument(
+        "--canary-margin",
+        type=float,
+        default=0.05,
+        help="roll speculation back when its canary arm is this much worse (default: %(default)s)",
+    )
+    o.add_argument(
+        "--canary-min-samples", type=int, default=20, help="requests per canary arm before a verdict (default: %(default)s)"
+    )
+    o.add_argument(
+        "--lossless-fraction",
+        type=float,
+        default=0.0,
+        help="share of greedy speculative requests re-run plainly and compared token for token (default: %(default)s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -166,9 +182,14 @@ def run(a: argparse.Namespace) -> int:
     import uvicorn
 
     from draftgate.server import create_app
+    from draftgate.server.ops import CanaryConfig, OpsConfig
     from draftgate.server.routes_file import build_route_table, load_routes_file
 
     auth = auth_config(a)
+    ops = OpsConfig(
+        canary=CanaryConfig(margin=a.canary_margin, min_samples=a.canary_min_samples),
+        lossless_fraction=a.lossless_fraction,
+    ).validate()
     if a.routes is not None:
         dspec = _drafter_spec(a)
         base = engine_config(_with_drafter(a, "none" if dspec.remote else a.drafter))
@@ -179,7 +200,7 @@ def run(a: argparse.Namespace) -> int:
     print(f"draftgate: loading {len(specs)} route(s): {', '.join(s.name for s in specs)}", file=sys.stderr)
     routes = build_route_table(specs)
     try:
-        app = create_app(routes, auth)
+        app = create_app(routes, auth, ops)
         uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
     finally:
         routes.close()
