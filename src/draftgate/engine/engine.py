@@ -70,6 +70,7 @@ class _Req:
     detok: _Detok
     cancelled: bool = False
     started: bool = False
+    drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
 
 
@@ -124,7 +125,8 @@ class Engine:
     # ----------------------------------------------------------------- public API
 
     def start(self) -> Engine:
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop = False  # a shut-down engine restarts for requests submitted since
             self._thread = threading.Thread(target=self._loop, name="draftgate-engine", daemon=True)
             self._thread.start()
         return self
@@ -264,6 +266,11 @@ class Engine:
                 for r in list(self._running) + list(self._waiting):
                     self._finish(r, "error", error=f"engine failure: {type(e).__name__}: {e}")
                 self._waiting.clear()
+        # Shut down: end every request still here, so no caller waits forever and no KV stays held.
+        self._drain_inbox()
+        for r in list(self._running) + list(self._waiting):
+            self._finish(r, "abort")
+        self._waiting.clear()
 
     def _turn(self) -> None:
         if True:
@@ -287,7 +294,7 @@ class Engine:
     def _reap_cancelled(self) -> None:
         for r in [r for r in self._waiting if r.cancelled]:
             self._waiting.remove(r)
-            r.sink(Chunk([], "", "abort", stats=r.seq.stats))
+            self._deliver(r, Chunk([], "", "abort", stats=r.seq.stats))
         for r in [r for r in self._running if r.cancelled]:
             self._finish(r, "abort")
 
@@ -305,14 +312,14 @@ class Engine:
             first = int(target_choice(logits, s, s.rand.get(0, 1))[0])
         except Exception as e:  # a failed prefill fails this request only
             self.runner.free(s.seq_id)
-            r.sink(Chunk([], "", "error", error=f"{type(e).__name__}: {e}", stats=s.stats))
+            self._deliver(r, Chunk([], "", "error", error=f"{type(e).__name__}: {e}", stats=s.stats))
             return
         self._reserved += r.reserved_blocks
         self._running.append(r)
         self._emit(r, s.append([first]))
 
     def _choose_k(self, r: _Req, other_tokens: int) -> int:
-        if self.drafter is None or not self.speculation_enabled or not r.speculate:
+        if self.drafter is None or not self.speculation_enabled or r.drafter_failed or not r.speculate:
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
         k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens)
@@ -332,13 +339,17 @@ class Engine:
         if drafted_total and self.drafter is not None:
             self.cost.observe_draft(self.drafter.name, drafted_total, res.draft_s)
         with self._lock:
-            for r, k, a in zip(batch, res.drafted, res.accepted, strict=True):
+            for r, k, a, failed in zip(batch, res.drafted, res.accepted, res.draft_failed, strict=True):
                 r.seq.stats.record_round(k, a, a + 1)
                 self.stats.record_round(k, a, a + 1)
+                r.drafter_failed |= failed
                 if r.controller is not None and k:
                     r.controller.record(k, a)
                 if self.drafter is not None and k:
-                    self.drafter.observe(r.seq.seq_id, r.seq.history, k, a)
+                    try:
+                        self.drafter.observe(r.seq.seq_id, r.seq.history, k, a)
+                    except Exception:  # a drafter failure costs this request its drafts, nothing more
+                        r.drafter_failed = True
             self.stats.draft_time_s += res.draft_s
             self.stats.verify_time_s += res.forward_s
         for r, emitted in zip(batch, res.emitted, strict=True):
@@ -350,7 +361,7 @@ class Engine:
             self._finish(r, s.finish_reason, tokens)
             return
         text = r.detok.delta(self.tokenizer.decode, tokens, final=False)
-        r.sink(Chunk(tokens, text, prompt_tokens=len(s.prompt)))
+        self._deliver(r, Chunk(tokens, text, prompt_tokens=len(s.prompt)))
 
     def _finish(self, r: _Req, reason: str, tokens: list[int] | None = None, error: str | None = None) -> None:
         """Every path that ends a request comes here: KV freed, drafter state dropped, sink told."""
@@ -359,10 +370,21 @@ class Engine:
             self._reserved -= r.reserved_blocks
         self.runner.free(r.seq.seq_id)
         if self.drafter is not None:
-            self.drafter.release(r.seq.seq_id)
+            try:
+                self.drafter.release(r.seq.seq_id)
+            except Exception:
+                pass  # the request is over either way; its sink must still hear so
         toks = tokens or []
         text = r.detok.delta(self.tokenizer.decode, toks, final=True) if reason != "error" else ""
-        r.sink(Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt)))
+        self._deliver(r, Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt)))
+
+    def _deliver(self, r: _Req, chunk: Chunk) -> None:
+        """Hand a chunk to the request's sink. A sink that raises (e.g. the client's event loop is
+        closed) means nobody is listening: the request is cancelled, the loop and others go on."""
+        try:
+            r.sink(chunk)
+        except Exception:
+            r.cancelled = True
 
 
 def _is_ids(prompt: object) -> bool:

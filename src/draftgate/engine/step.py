@@ -17,6 +17,11 @@ it. With one-hot q this is the rejection rule (accept x with prob p(x); on
 rejection the residual is p without x, renormalized) under a coupling that makes
 the output identical to plain decoding with the same seed. Drafts that carry a
 sampled q go through ``verify_sampling`` (exact rejection sampling).
+
+A drafter that raises, or returns a draft that does not fit the request (more
+than k tokens, ids outside the vocabulary, q of the wrong shape), costs only the
+sequences concerned their drafts: they decode plainly this round and the result
+flags them (DESIGN 5.3), the rest of the batch is untouched.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class StepResult:
     draft_s: float
     forward_s: float
     forward_tokens: int
+    draft_failed: list[bool]  # per sequence, the drafter raised or returned an invalid draft
 
 
 def target_choice(logits: torch.Tensor, seq: SequenceState, uniforms: torch.Tensor) -> torch.Tensor:
@@ -63,9 +69,9 @@ def speculative_step(
     # 1. Draft.
     t0 = time.perf_counter()
     drafts: list[Draft] = [_NO_DRAFT] * len(seqs)
+    failed = [False] * len(seqs)
     if drafter is not None and any(ks):
-        reqs = [DraftRequest(s.seq_id, s.history, k, s.params) for s, k in zip(seqs, ks, strict=True)]
-        drafts = [d if k else _NO_DRAFT for d, k in zip(drafter.propose(reqs), ks, strict=True)]
+        drafts, failed = _draft(drafter, seqs, ks, runner.vocab_size)
     t1 = time.perf_counter()
 
     # 2. One batched target forward over [pending, drafts...] per sequence.
@@ -87,7 +93,48 @@ def speculative_step(
         drafted.append(k)
         accepted.append(a)
     n_tok = sum(len(it.tokens) for it in items)
-    return StepResult(emitted, drafted, accepted, t1 - t0, t2 - t1, n_tok)
+    return StepResult(emitted, drafted, accepted, t1 - t0, t2 - t1, n_tok, failed)
+
+
+def _draft(
+    drafter: Drafter, seqs: Sequence[SequenceState], ks: Sequence[int], vocab_size: int
+) -> tuple[list[Draft], list[bool]]:
+    """Drafts per sequence (none where k == 0) and which sequences' drafting failed."""
+    reqs = [DraftRequest(s.seq_id, s.history, k, s.params) for s, k in zip(seqs, ks, strict=True)]
+    proposed: list[Draft | None]
+    try:
+        proposed = list(drafter.propose(reqs))
+        if len(proposed) != len(reqs):
+            raise ValueError(f"drafter returned {len(proposed)} drafts for {len(reqs)} requests")
+    except Exception:
+        # Find the culprits: one failing sequence must not cost the others their drafts.
+        proposed = [_propose_one(drafter, r) if r.k else _NO_DRAFT for r in reqs]
+    drafts, failed = [], []
+    for d, r in zip(proposed, reqs, strict=True):
+        ok = r.k == 0 or (d is not None and _fits(d, r.k, vocab_size))
+        drafts.append(d if ok and r.k and d is not None else _NO_DRAFT)
+        failed.append(not ok)
+    return drafts, failed
+
+
+def _propose_one(drafter: Drafter, req: DraftRequest) -> Draft | None:
+    try:
+        (d,) = drafter.propose([req])
+    except Exception:
+        return None
+    return d
+
+
+def _fits(d: Draft, k: int, V: int) -> bool:
+    """A draft the target can verify: at most k ids in [0, V), q (if any) [n, V] or sparse [n, M]."""
+    n = len(d.token_ids)
+    if n > k or any(not 0 <= t < V for t in d.token_ids):
+        return False
+    if isinstance(d.q, SparseQ):
+        ids, probs = d.q.ids, d.q.probs
+        in_vocab = ids.dtype == torch.int64 and bool(((ids >= 0) & (ids < V)).all())
+        return ids.dim() == 2 and ids.shape == probs.shape and ids.shape[0] == n and in_vocab
+    return d.q is None or tuple(d.q.shape) == (n, V)
 
 
 def _verify_one(s: SequenceState, d: Draft, logits: torch.Tensor, u: torch.Tensor) -> tuple[list[int], int]:

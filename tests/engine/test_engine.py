@@ -1,0 +1,844 @@
+"""Engine end to end: lossless speculation (greedy and seeded sampling), stop rules, leaks, bad input, stats.
+
+The strongest checks compare a speculative run with plain decoding token for
+token: greedy must match exactly, and so must seeded sampling, because
+deterministic drafts are verified by matching the target's own choice drawn
+with a uniform keyed by output position (engine.step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.engine import Chunk, DrafterKind, Engine, EngineConfig, build_engine
+from draftgate.engine.factory import build_drafter
+from draftgate.errors import BadRequestError, CapacityError
+from draftgate.models.loader import LoadedModel
+from draftgate.types import SamplingParams, SpecStats
+
+# ------------------------------------------------------------------ helpers
+
+WAIT_S = 180.0  # a generous bound on any one request set: a hang fails, never blocks CI
+
+
+@dataclass
+class Result:
+    """Everything one request sent to its sink."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, c: Chunk) -> None:
+        self.chunks.append(c)
+        if c.finish_reason is not None:
+            self.done.set()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for c in self.chunks for t in c.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.chunks)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.chunks[-1].finish_reason if self.chunks else None
+
+    @property
+    def stats(self) -> SpecStats:
+        s = self.chunks[-1].stats
+        assert s is not None
+        return s
+
+
+def run_batch(
+    engine: Engine, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[Result]:
+    """Submit every request before the loop can take one, then wait for all: they share rounds."""
+    ps = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    results = [Result() for _ in prompts]
+    for ids, p, r in zip(prompts, ps, results, strict=True):
+        engine.submit(list(ids), p, r)
+    engine.start()
+    for r in results:
+        assert r.done.wait(WAIT_S), "request never finished"
+    for r in results:
+        assert r.finish_reason != "error", r.chunks[-1].error
+    return results
+
+
+def gather_generate(
+    engine: Engine, prompts: Sequence[list[int]], params: SamplingParams
+) -> list[list[int]]:
+    """The async API: asyncio.gather over generate(), one stream per prompt."""
+
+    async def one(ids: list[int]) -> list[int]:
+        out: list[int] = []
+        async for c in engine.generate(ids, params):
+            assert c.finish_reason != "error", c.error
+            out.extend(c.token_ids)
+        return out
+
+    async def all_() -> list[list[int]]:
+        return list(
+            await asyncio.wait_for(asyncio.gather(*(one(list(p)) for p in prompts)), WAIT_S)
+        )
+
+    return asyncio.run(all_())
+
+
+def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.num_running or engine.num_waiting or engine.runner.kv.num_sequences:
+        assert time.monotonic() < deadline, "engine never became idle"
+        time.sleep(0.005)
+
+
+def assert_no_leaks(engine: Engine) -> None:
+    """Every request has ended: no sequence registered, blocks free or held only by the prefix cache."""
+    wait_idle(engine)
+    engine.runner.kv.check_no_leaks()
+    assert engine._reserved == 0, f"engine still reserves {engine._reserved} blocks"
+
+
+def spec_engine(
+    base: Engine, loaded: LoadedModel, kind: DrafterKind, k: int | None, k_max: int = 8
+) -> Engine:
+    """An engine with drafter `kind` and K over base's runner (what build_engine does, minus the weights copy)."""
+    cfg = EngineConfig(drafter=kind, k=k, k_max=k_max).validate()
+    drafter = build_drafter(cfg, loaded)
+    return Engine(
+        base.runner, drafter, k=cfg.k if drafter else 0, k_max=cfg.k_max, max_batch=base.max_batch
+    )
+
+
+def engine_with(base: Engine, drafter: Drafter | None, k: int | None, k_max: int = 8) -> Engine:
+    """An engine over base's runner with a test-local drafter."""
+    return Engine(base.runner, drafter, k=k, k_max=k_max, max_batch=base.max_batch)
+
+
+@contextmanager
+def running(engine: Engine) -> Iterator[Engine]:
+    """Start the engine; on exit check nothing leaked and stop its thread."""
+    engine.start()
+    try:
+        yield engine
+        assert_no_leaks(engine)
+    finally:
+        engine.shutdown()
+
+
+GROUNDED = "Repeat this list exactly, separated by commas: apples, pears, plums, cherries, grapes, lemons, limes, figs."
+CODE = "Rewrite this code with the variable x renamed to count:\ndef f(x):\n    x = x + 1\n    return x * x\n"
+CHAT = "Write a short poem about the sea."
+SHORT = "What is the capital of France? Answer briefly."
+REAL_PROMPTS = [GROUNDED, CODE, CHAT, SHORT]
+REAL_NEW = 24
+BATCH_NEW = 16  # the 12-config batch matrix: greedy, so plain's first 16 tokens
+SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO]
+KS: list[int | None] = [1, 4, 8, None]
+
+
+def _kid(k: int | None) -> str:
+    return "Kauto" if k is None else f"K{k}"
+
+
+# =================================================================== real model
+
+
+@pytest.fixture(scope="module")
+def real_ids(real_engine: Engine) -> dict[str, list[int]]:
+    return {p: real_engine.encode(p) for p in REAL_PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def real_plain(real_engine: Engine, real_ids: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Plain greedy decoding, one request at a time."""
+    params = SamplingParams(max_new_tokens=REAL_NEW)
+    out = {p: real_engine.complete(ids, params).token_ids for p, ids in real_ids.items()}
+    assert_no_leaks(real_engine)
+    return out
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("k", KS, ids=_kid)
+@pytest.mark.parametrize("kind", SPEC, ids=lambda d: d.value)
+def test_real_greedy_batch_of_4_equals_plain(
+    real_engine: Engine,
+    real_model: LoadedModel,
+    real_ids: dict[str, list[int]],
+    real_plain: dict[str, list[int]],
+    kind: DrafterKind,
+    k: int | None,
+) -> None:
+    """Mixed prompts submitted at once share rounds (jagged acceptance); each equals its plain output."""
+    params = SamplingParams(max_new_tokens=BATCH_NEW)
+    prompts = [real_ids[p] for p in REAL_PROMPTS]
+    with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+        if k is None:  # the async API: asyncio.gather over generate()
+            outs = gather_generate(eng, prompts, params)
+        else:
+            res = run_batch(eng, prompts, params)
+            outs = [r.token_ids for r in res]
+            grounded = res[REAL_PROMPTS.index(GROUNDED)].stats
+            assert grounded.acceptance_rate > 0, grounded  # the copying prompt really speculated
+    for p, got in zip(REAL_PROMPTS, outs, strict=True):
+        assert got == real_plain[p][:BATCH_NEW], f"prompt {p[:30]!r} diverged from plain decoding"
+    assert eng.stats.accepted_tokens > 0
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [(DrafterKind.NGRAM, 4), (DrafterKind.SUFFIX, 8), (DrafterKind.AUTO, None)],
+    ids=["ngram-K4", "suffix-K8", "auto-Kauto"],
+)
+def test_real_greedy_alone_equals_plain(
+    real_engine: Engine,
+    real_model: LoadedModel,
+    real_ids: dict[str, list[int]],
+    real_plain: dict[str, list[int]],
+    kind: DrafterKind,
+    k: int | None,
+) -> None:
+    params = SamplingParams(max_new_tokens=REAL_NEW)
+    with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+        grounded = eng.complete(real_ids[GROUNDED], params)
+    assert grounded.token_ids == real_plain[GROUNDED]
+    assert grounded.stats.acceptance_rate > 0 and grounded.stats.mean_accepted_length > 1.0
+
+
+@pytest.mark.real_model
+def test_real_seeded_sampling_speculative_equals_plain(
+    real_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]]
+) -> None:
+    """Temperature, top-k and top-p at once; the tiny-model tests cover each alone, and seed effects."""
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=11, max_new_tokens=REAL_NEW)
+    prompts = [real_ids[GROUNDED], real_ids[CODE]]
+    plain = [real_engine.complete(ids, params).token_ids for ids in prompts]
+    for kind, k in [(DrafterKind.NGRAM, 4), (DrafterKind.AUTO, None)]:
+        with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+            res = run_batch(eng, prompts, params)
+        assert [r.token_ids for r in res] == plain, f"{kind.value} K={k} changed the seeded sample"
+        assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"
+
+
+@pytest.mark.real_model
+def test_real_eos_inside_accepted_block(real_engine: Engine, real_model: LoadedModel) -> None:
+    # The prompt ends with the answer followed by <|im_end|>: once the model has
+    # written the answer, prompt lookup drafts EOS and the template tokens after it.
+    ids = real_engine.encode(
+        "Reply with exactly this sentence and nothing else: The capital of France is Paris."
+    )
+    params = SamplingParams(max_new_tokens=40)
+    plain = real_engine.complete(ids, params)
+    assert plain.finish_reason == "stop" and plain.token_ids[-1] in real_engine.tokenizer.eos_ids
+    with running(spec_engine(real_engine, real_model, DrafterKind.NGRAM, 8)) as eng:
+        res = run_batch(eng, [ids], params)[0]
+    assert res.token_ids == plain.token_ids
+    assert res.finish_reason == "stop" and res.text == plain.text
+    last = res.chunks[-1]
+    assert len(last.token_ids) > 1, "EOS did not arrive inside an accepted block"
+    # Drafts after EOS were accepted too and then cut: the round emitted more than was kept.
+    assert res.stats.emitted_tokens > len(res.token_ids) - 1
+
+
+@pytest.mark.real_model
+def test_real_stop_string_cut_like_plain(real_engine: Engine, real_model: LoadedModel) -> None:
+    ids = real_engine.encode(GROUNDED)
+    full = real_engine.complete(ids, SamplingParams(max_new_tokens=24)).text
+    assert "plums" in full
+    params = SamplingParams(max_new_tokens=24, stop=("plums",))
+    plain = real_engine.complete(ids, params)
+    with running(spec_engine(real_engine, real_model, DrafterKind.NGRAM, 8)) as eng:
+        spec = eng.complete(ids, params)
+    assert plain.text == full[: full.index("plums")] == spec.text
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == plain.finish_reason == "stop"
+
+
+@pytest.mark.real_model
+def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> None:
+    """Byte-level BPE splits emoji and accents over tokens: chunks hold bytes back until whole."""
+    from draftgate.engine.engine import _Detok
+    from draftgate.engine.sequence import StopChecker
+
+    tok = real_engine.tokenizer
+    text = "Café 😀 naïve 日本語 ok"
+    ids = tok.encode(text, add_special=False)
+    assert len(ids) > len(text.split())  # some characters do span several tokens
+    params = SamplingParams(stop=("ok",))
+    det = _Detok(StopChecker(tok, params))
+    parts = [det.delta(tok.decode, [t], final=False) for t in ids] + [
+        det.delta(tok.decode, [], True)
+    ]
+    assert all("\ufffd" not in p for p in parts)
+    assert "".join(parts) == text[: text.index("ok")]
+
+
+# =================================================================== tiny model
+
+
+def _tiny_prompts(n: int, seed: int) -> list[list[int]]:
+    """Random prompts with repeated segments (so prompt lookup finds something), 5..40 tokens."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        unit = rng.choices(range(3, 96), k=rng.randint(2, 9))
+        noise = rng.choices(range(3, 96), k=rng.randint(0, 6))
+        out.append(((unit * 6)[: rng.randint(4, 30)] + noise + unit)[:40])
+    return out
+
+
+TINY_PROMPTS = _tiny_prompts(10, seed=2024)
+TINY_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def tiny_plain(tiny_model: LoadedModel) -> dict[str, list[list[int]]]:
+    """Plain decoding references, one request at a time: greedy and each seeded sampling setting."""
+    eng = build_engine(
+        EngineConfig(drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model
+    )
+    try:
+        out = {}
+        for name, params in TINY_SETTINGS.items():
+            out[name] = [eng.complete(p, params).token_ids for p in TINY_PROMPTS]
+        assert_no_leaks(eng)
+        return out
+    finally:
+        eng.shutdown()
+
+
+TINY_SETTINGS = {
+    "greedy": SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True),
+    "t0.8": SamplingParams(temperature=0.8, seed=5, max_new_tokens=TINY_NEW, ignore_eos=True),
+    "topk20": SamplingParams(
+        temperature=1.0, top_k=20, seed=6, max_new_tokens=TINY_NEW, ignore_eos=True
+    ),
+    "topp0.9": SamplingParams(
+        temperature=1.0, top_p=0.9, seed=7, max_new_tokens=TINY_NEW, ignore_eos=True
+    ),
+}
+
+
+@pytest.mark.parametrize("k", [*range(1, 9), None], ids=_kid)
+@pytest.mark.parametrize("kind", [DrafterKind.NGRAM, DrafterKind.SUFFIX], ids=lambda d: d.value)
+def test_tiny_greedy_speculative_equals_plain(
+    make_tiny: Callable[..., Engine],
+    tiny_plain: dict[str, list[list[int]]],
+    kind: DrafterKind,
+    k: int | None,
+) -> None:
+    eng = make_tiny(kind, k, max_batch=len(TINY_PROMPTS))
+    res = run_batch(eng, TINY_PROMPTS, TINY_SETTINGS["greedy"])
+    for i, r in enumerate(res):
+        assert r.token_ids == tiny_plain["greedy"][i], f"prompt {i} diverged"
+        assert r.finish_reason == "length"
+    assert sum(r.stats.accepted_tokens for r in res) > 0
+
+
+@pytest.mark.parametrize("setting", ["t0.8", "topk20", "topp0.9"])
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [(DrafterKind.NGRAM, 3), (DrafterKind.SUFFIX, 8), (DrafterKind.AUTO, None)],
+    ids=["ngram", "suffix", "auto"],
+)
+def test_tiny_seeded_sampling_speculative_equals_plain(
+    make_tiny: Callable[..., Engine],
+    tiny_plain: dict[str, list[list[int]]],
+    kind: DrafterKind,
+    k: int | None,
+    setting: str,
+) -> None:
+    eng = make_tiny(kind, k, max_batch=4)  # fewer slots than requests: some wait and join later
+    res = run_batch(eng, TINY_PROMPTS, TINY_SETTINGS[setting])
+    assert [r.token_ids for r in res] == tiny_plain[setting]
+    assert sum(r.stats.accepted_tokens for r in res) > 0
+
+
+def test_tiny_seeds_reproducible_and_distinct(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NONE)
+    prompt = TINY_PROMPTS[0]
+    outs = []
+    for seed in range(6):
+        params = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=20, ignore_eos=True)
+        a, b = eng.complete(prompt, params).token_ids, eng.complete(prompt, params).token_ids
+        assert a == b
+        outs.append(tuple(a))
+    assert len(set(outs)) >= 5, "different seeds should (almost surely) give different samples"
+    unseeded = {
+        tuple(eng.complete(prompt, SamplingParams(temperature=1.0, max_new_tokens=20)).token_ids)
+        for _ in range(3)
+    }
+    assert len(unseeded) >= 2
+
+
+def test_plain_engine_matches_a_naive_decode_loop(
+    make_tiny: Callable[..., Engine], tiny_model: LoadedModel
+) -> None:
+    from draftgate.models.runner import ForwardItem, ModelRunner
+
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=8, enable_prefix_cache=False)
+    eng = make_tiny(DrafterKind.NONE)
+    for i, prompt in enumerate(TINY_PROMPTS[:3]):
+        logits = runner.prefill(i, prompt)
+        want = [int(logits.argmax())]
+        while len(want) < 25:
+            (lg,) = runner.forward([ForwardItem(i, [want[-1]])])
+            want.append(int(lg[-1].argmax()))
+        runner.free(i)
+        assert (
+            eng.complete(prompt, SamplingParams(max_new_tokens=25, ignore_eos=True)).token_ids
+            == want
+        )
+
+
+# ------------------------------------------------------------------ drafts that follow plain decoding
+
+
+class OracleDrafter:
+    """Drafts the reference continuation (known in advance), corrupting each token with probability `noise`.
+
+    noise = 0: every draft is accepted, so blocks run through EOS and stop strings.
+    noise > 0: acceptance stops at random positions, exercising rollback at every offset.
+    """
+
+    name = "oracle"
+
+    def __init__(self, refs: Sequence[list[int]], noise: float = 0.0, seed: int = 0) -> None:
+        self.refs = [list(r) for r in refs]
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.rounds: list[tuple[int, int]] = []  # (drafted, accepted) as observed
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            h = list(r.tokens)
+            ref = next((x for x in self.refs if x[: len(h)] == h), [])
+            cont = ref[len(h) : len(h) + r.k]
+            cont = [
+                self.rng.randrange(3, 96) if self.rng.random() < self.noise else t for t in cont
+            ]
+            out.append(Draft(token_ids=cont))
+        return out
+
+    def observe(
+        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
+    ) -> None:
+        self.rounds.append((num_drafted, num_accepted))
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("k", [2, 5, 8])
+def test_tiny_jagged_acceptance_rollback_equals_plain(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], k: int
+) -> None:
+    base = make_tiny(DrafterKind.NONE, max_batch=len(TINY_PROMPTS))
+    refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
+    oracle = OracleDrafter(refs, noise=0.25, seed=k)
+    with running(engine_with(base, oracle, k=k)) as eng:
+        res = run_batch(eng, TINY_PROMPTS, TINY_SETTINGS["greedy"])
+    assert [r.token_ids for r in res] == tiny_plain["greedy"]
+    accepted = {a for d, a in oracle.rounds if d == k}
+    assert accepted >= {0, 1, k}, f"rollback offsets not all exercised: {sorted(accepted)}"
+
+
+# ------------------------------------------------------------------ stop rules
+
+
+def _find_eos_prompt(eng: Engine) -> tuple[list[int], list[int]]:
+    """A prompt whose greedy output hits EOS after a few tokens, with its plain output."""
+    prompts = [p for seed in range(64) for p in _tiny_prompts(1, seed=seed)]
+    for prompt, r in zip(
+        prompts, run_batch(eng, prompts, SamplingParams(max_new_tokens=40)), strict=True
+    ):
+        if r.finish_reason == "stop" and len(r.token_ids) >= 6:
+            return prompt, r.token_ids
+    raise AssertionError("no tiny prompt stops by EOS")
+
+
+def test_tiny_eos_inside_accepted_block(make_tiny: Callable[..., Engine]) -> None:
+    base = make_tiny(DrafterKind.NONE, max_batch=64)
+    prompt, plain = _find_eos_prompt(base)
+    # The oracle drafts the continuation *past* EOS (ignore_eos plain run): every
+    # draft is accepted, so with rounds of k + 1 tokens EOS lands inside a block
+    # (not at its end) and the block must be cut right after it.
+    params = SamplingParams(max_new_tokens=len(plain) + 10, ignore_eos=True)
+    beyond = base.complete(prompt, params).token_ids
+    assert beyond[: len(plain)] == plain
+    k = next(k for k in range(8, 1, -1) if (len(plain) - 1) % (k + 1))
+    oracle = OracleDrafter([prompt + beyond])
+    with running(engine_with(base, oracle, k=k)) as eng:
+        res = run_batch(eng, [prompt], SamplingParams(max_new_tokens=40))[0]
+    assert res.token_ids == plain and res.finish_reason == "stop"
+    assert len(res.chunks[-1].token_ids) > 1  # the last block carried EOS ...
+    assert res.stats.emitted_tokens > len(plain) - 1  # ... and accepted tokens after it, cut
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_tiny_max_new_tokens_inside_block(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], n: int
+) -> None:
+    base = make_tiny(DrafterKind.NONE)
+    refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
+    oracle = OracleDrafter(refs)
+    with running(engine_with(base, oracle, k=8)) as eng:
+        res = run_batch(eng, TINY_PROMPTS[:3], SamplingParams(max_new_tokens=n, ignore_eos=True))
+    for r, want in zip(res, tiny_plain["greedy"][:3], strict=True):
+        assert r.token_ids == want[:n] and r.finish_reason == "length"
+    assert all(d <= n - 1 for d, _ in oracle.rounds), "K was not capped by the tokens left"
+
+
+def test_tiny_stop_string_equals_plain(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]]
+) -> None:
+    base = make_tiny(DrafterKind.NONE)
+    out = tiny_plain["greedy"][3]
+    full = base.tokenizer.decode(out)
+    stop = base.tokenizer.decode(out[8:10])  # two words from the middle of the output
+    assert full.index(stop) > 0
+    params = SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True, stop=(stop,))
+    plain = base.complete(TINY_PROMPTS[3], params)
+    assert plain.text == full[: full.index(stop)] and plain.finish_reason == "stop"
+    spec = make_tiny(DrafterKind.NGRAM, 8).complete(TINY_PROMPTS[3], params)
+    with running(engine_with(base, OracleDrafter([TINY_PROMPTS[3] + out]), k=8)) as eng:
+        oracle = eng.complete(
+            TINY_PROMPTS[3], params
+        )  # every draft accepted: the block runs past the stop
+    for c in (spec, oracle):
+        assert (c.text, c.token_ids, c.finish_reason) == (plain.text, plain.token_ids, "stop")
+
+
+def test_streamed_text_is_the_final_text(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]]
+) -> None:
+    """Chunks never split a stop string: what was streamed is what a blocking call returns."""
+    tok = make_tiny(DrafterKind.NONE).tokenizer
+    out = tiny_plain["greedy"][1]
+    stop = tok.decode(out[12:14])
+    params = SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True, stop=(stop,))
+    eng = make_tiny(DrafterKind.SUFFIX, 4)
+    (r,) = run_batch(eng, [TINY_PROMPTS[1]], params)
+    assert stop not in r.text and r.text == eng.complete(TINY_PROMPTS[1], params).text
+    assert all(stop not in c.text for c in r.chunks)
+
+
+# ------------------------------------------------------------------ leaks, cancel, errors
+
+
+def test_cancel_mid_stream_frees_everything(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NGRAM, 4)
+    first = threading.Event()
+    res = Result()
+
+    def sink(c):  # noqa: ANN001
+        res(c)
+        first.set()
+
+    cancel = eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True), sink)
+    eng.start()
+    assert first.wait(WAIT_S)
+    cancel()
+    assert res.done.wait(WAIT_S)
+    assert res.finish_reason == "abort" and len(res.token_ids) < 200
+    assert_no_leaks(eng)
+    # The engine keeps serving.
+    assert eng.complete(TINY_PROMPTS[1], SamplingParams(max_new_tokens=5)).finish_reason in (
+        "length",
+        "stop",
+    )
+
+
+def test_cancel_before_admission_and_via_generate(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.SUFFIX, None)
+    waiting = Result()
+    cancel = eng.submit(TINY_PROMPTS[2], SamplingParams(max_new_tokens=50), waiting)
+    cancel()  # before the loop ever runs
+    eng.start()
+    assert waiting.done.wait(WAIT_S) and waiting.finish_reason == "abort"
+
+    async def stream_then_drop() -> int:
+        agen = eng.generate(TINY_PROMPTS[3], SamplingParams(max_new_tokens=200, ignore_eos=True))
+        n = 0
+        async for c in agen:
+            n += len(c.token_ids)
+            if n >= 3:
+                break
+        await agen.aclose()  # what a disconnecting client's server does
+        return n
+
+    assert asyncio.run(stream_then_drop()) >= 3
+    assert_no_leaks(eng)
+
+
+def test_shutdown_ends_requests_in_flight(make_tiny: Callable[..., Engine]) -> None:
+    """Nothing hangs: shutdown aborts running and waiting requests and frees their KV."""
+    eng = make_tiny(DrafterKind.NGRAM, 4, max_batch=1)
+    first = threading.Event()
+    running_req, waiting_req = Result(), Result()
+
+    def sink(c: Chunk) -> None:
+        running_req(c)
+        first.set()
+
+    eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True), sink)
+    eng.submit(TINY_PROMPTS[1], SamplingParams(max_new_tokens=200, ignore_eos=True), waiting_req)
+    eng.start()
+    assert first.wait(WAIT_S)
+    eng.shutdown()
+    assert running_req.done.wait(5) and running_req.finish_reason == "abort"
+    assert waiting_req.done.wait(5) and waiting_req.finish_reason == "abort"
+    eng.runner.kv.check_no_leaks()
+    # A request after shutdown is served (the loop restarts) rather than left hanging.
+    late = Result()
+    eng.submit(TINY_PROMPTS[2], SamplingParams(max_new_tokens=5), late)
+    eng.start()
+    assert late.done.wait(WAIT_S) and late.finish_reason in ("length", "stop")
+
+
+def test_a_client_gone_with_its_event_loop_harms_no_one(make_tiny: Callable[..., Engine]) -> None:
+    """A stream whose asyncio loop has closed (client gone) must not fail the other requests."""
+    eng = make_tiny(DrafterKind.NGRAM, 4)
+    other = Result()
+    eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=120, ignore_eos=True), other)
+
+    async def leave_early() -> None:
+        params = SamplingParams(max_new_tokens=200, ignore_eos=True)
+
+        async def read_one() -> None:
+            async for _ in eng.generate(TINY_PROMPTS[1], params):
+                break  # the loop closes right after; the engine may still be mid-step for this stream
+
+        # A dead engine loop would leave this waiting forever.
+        await asyncio.wait_for(read_one(), 60)
+
+    for _ in range(3):
+        asyncio.run(leave_early())
+    assert other.done.wait(WAIT_S)
+    assert other.finish_reason == "length", other.chunks[-1].error
+    assert_no_leaks(eng)
+
+
+def test_many_concurrent_requests_then_no_leaks(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(
+        DrafterKind.AUTO, None, num_blocks=96, max_batch=8
+    )  # blocks for fewer than 30 at once
+    rng = random.Random(3)
+    prompts = _tiny_prompts(30, seed=99)
+    params = [
+        SamplingParams(
+            temperature=rng.choice([0.0, 0.7, 1.0]), seed=i, max_new_tokens=rng.randint(1, 30)
+        )
+        for i in range(30)
+    ]
+    cancels = []
+    results = [Result() for _ in prompts]
+    for ids, p, r in zip(prompts, params, results, strict=True):
+        cancels.append(eng.submit(ids, p, r))
+    eng.start()
+    for c in cancels[::7]:
+        c()
+    for r in results:
+        assert r.done.wait(WAIT_S)
+    reasons = {r.finish_reason for r in results}
+    assert reasons <= {"stop", "length", "abort"}, reasons
+    assert_no_leaks(eng)
+
+
+def test_target_failure_is_an_error_and_frees_kv(
+    make_tiny: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng = make_tiny(DrafterKind.NGRAM, 4)
+    real_forward = eng.runner.forward
+    calls = {"n": 0}
+
+    def flaky(items):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 4:  # a decode step, after the prefills
+            raise RuntimeError("device lost")
+        return real_forward(items)
+
+    monkeypatch.setattr(eng.runner, "forward", flaky)
+    res = run_batch_allow_error(
+        eng, TINY_PROMPTS[:2], SamplingParams(max_new_tokens=30, ignore_eos=True)
+    )
+    assert {r.finish_reason for r in res} == {"error"}
+    assert all("device lost" in (r.chunks[-1].error or "") for r in res)
+    assert_no_leaks(eng)
+    with pytest.raises(RuntimeError, match="device lost"):
+        calls["n"] = 3
+        eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=10)).finish_reason in (
+        "length",
+        "stop",
+    )
+    assert_no_leaks(eng)
+
+
+def run_batch_allow_error(
+    eng: Engine, prompts: Sequence[list[int]], params: SamplingParams
+) -> list[Result]:
+    results = [Result() for _ in prompts]
+    for ids, r in zip(prompts, results, strict=True):
+        eng.submit(ids, params, r)
+    eng.start()
+    for r in results:
+        assert r.done.wait(WAIT_S)
+    return results
+
+
+class BrokenDrafter(OracleDrafter):
+    """The oracle, except on one prompt's sequence where, after a few tokens, it fails in `mode`."""
+
+    name = "broken"
+
+    def __init__(self, refs: Sequence[list[int]], culprit: list[int], mode: str) -> None:
+        super().__init__(refs)
+        self.culprit, self.mode, self.failures = culprit, mode, 0
+
+    def _hit(self, r: DraftRequest) -> bool:
+        return (
+            list(r.tokens[: len(self.culprit)]) == self.culprit
+            and len(r.tokens) > len(self.culprit) + 3
+        )
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = super().propose(requests)
+        for i, r in enumerate(requests):
+            if not self._hit(r):
+                continue
+            self.failures += 1
+            if self.mode == "raise":
+                raise RuntimeError("drafter crashed")
+            drafts[i] = Draft(token_ids=[96, 5] if self.mode == "bad-id" else [5] * (r.k + 1))
+        return drafts
+
+    def observe(
+        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
+    ) -> None:
+        if self.mode == "observe" and list(tokens[: len(self.culprit)]) == self.culprit:
+            self.failures += 1
+            raise RuntimeError("drafter crashed in observe")
+
+    def release(self, seq_id: int) -> None:
+        if self.mode == "observe":
+            raise RuntimeError("drafter crashed in release")
+
+
+@pytest.mark.parametrize("mode", ["raise", "bad-id", "too-long", "observe"])
+def test_failed_drafter_degrades_to_plain_decoding(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], mode: str
+) -> None:
+    """DESIGN 5.3: a failed drafter degrades that request to plain decoding; the others keep speculating."""
+    base = make_tiny(DrafterKind.NONE, max_batch=4)
+    refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
+    drafter = BrokenDrafter(refs, culprit=TINY_PROMPTS[0], mode=mode)
+    with running(engine_with(base, drafter, k=3)) as eng:
+        res = run_batch(eng, TINY_PROMPTS[:4], TINY_SETTINGS["greedy"])
+    assert drafter.failures >= 1
+    assert [r.token_ids for r in res] == tiny_plain["greedy"][:4]
+    assert all(r.finish_reason == "length" for r in res)
+    # The culprit stopped drafting after its failure; the others kept every (oracle) draft.
+    assert res[0].stats.draft_tokens <= 3 * 3
+    for r in res[1:]:
+        assert r.stats.accepted_tokens == r.stats.draft_tokens > 0
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=-0.1),
+        SamplingParams(temperature=float("nan")),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=1.5),
+        SamplingParams(top_k=-1),
+        SamplingParams(max_new_tokens=0),
+        SamplingParams(seed=-3),
+        SamplingParams(stop=("",)),
+    ],
+)
+def test_out_of_range_params_rejected_at_submit(
+    make_tiny: Callable[..., Engine], params: SamplingParams
+) -> None:
+    eng = make_tiny(DrafterKind.NGRAM, 2)
+    with pytest.raises(ValueError):
+        eng.submit(TINY_PROMPTS[0], params, Result())
+    assert eng.num_waiting == 0
+
+
+def test_bad_prompts_rejected_with_clear_messages(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NGRAM, 2)  # context: 256 tokens
+    with pytest.raises(BadRequestError, match="exceeds the model's context of 256"):
+        eng.submit(list(range(3, 96)) * 3, SamplingParams(max_new_tokens=10), Result())
+    with pytest.raises(BadRequestError, match="context"):
+        eng.complete([5] * 200, SamplingParams(max_new_tokens=100))
+    with pytest.raises(BadRequestError, match="messages must not be empty"):
+        eng.complete([], SamplingParams())
+    with pytest.raises(BadRequestError, match="role"):
+        eng.complete([{"role": "robot", "content": "hi"}], SamplingParams())
+    with pytest.raises(BadRequestError, match=r"token ids must be in \[0, 96\)"):
+        eng.submit([5, 96], SamplingParams(), Result())
+    small = make_tiny(DrafterKind.NONE, num_blocks=4, block_size=8)
+    with pytest.raises(BadRequestError, match="KV blocks"):
+        small.submit([5] * 20, SamplingParams(max_new_tokens=30), Result())
+    # Nothing was queued, and the engine still serves.
+    assert eng.num_waiting == 0
+    assert eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=4)).completion_tokens >= 1
+
+
+def test_full_queue_refuses_with_capacity_error(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NONE, max_queue=2)  # not started: nothing leaves the queue yet
+    queued = [Result(), Result()]
+    for r in queued:
+        eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=3), r)
+    with pytest.raises(CapacityError, match="queue is full"):
+        eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=3), Result())
+    eng.start()
+    for r in queued:
+        assert r.done.wait(WAIT_S) and r.finish_reason == "length"
+
+
+# ------------------------------------------------------------------ stats
+
+
+def test_plain_stats(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NONE)
+    c = eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=20, ignore_eos=True))
+    s = c.stats
+    assert s.mean_accepted_length == 1.0 and s.draft_tokens == 0 and s.accepted_tokens == 0
+    assert s.acceptance_rate == 0.0 and s.rounds == c.completion_tokens - 1 == s.emitted_tokens
+
+
+def test_speculative_stats_consistent(make_tiny: Callable[..., Engine]) -> None:
+    eng = make_tiny(DrafterKind.NGRAM, 6)
+    res = run_batch(eng, TINY_PROMPTS, SamplingParams(max_new_tokens=30, ignore_eos=True))
+    total = 0
+    for r in res:
+        s = r.stats
+        assert s.emitted_tokens == s.accepted_tokens + s.rounds
+        assert s.accepted_tokens <= s.draft_tokens <= 6 * s.rounds
+        assert s.emitted_tokens == len(r.token_ids) - 1  # length-limited: nothing was cut
+        assert sum(s.accepted_per_pos) == s.accepted_tokens
+        assert all(a >= b for a, b in zip(s.accepted_per_pos, s.accepted_per_pos[1:], strict=False))
+        assert s.mean_accepted_length == pytest.approx(s.emitted_tokens / s.rounds)
+        total += s.accepted_tokens
+    assert total > 0
+    # The engine's aggregate is the sum of the requests'.
+    assert eng.stats.accepted_tokens == total
+    assert eng.stats.rounds == sum(r.stats.rounds for r in res)

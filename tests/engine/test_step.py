@@ -1,0 +1,343 @@
+"""The speculative step: target choice, verification of one sequence, rollback, sampled-q drafts.
+
+Statistical tests follow tests/verify: many trials, the empirical distribution of
+an emitted token against the exact p, a total-variation bound from the sampling
+noise, and a negative control (a drafter that lies about its q) the same check
+must catch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch import Tensor
+
+from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
+from draftgate.engine.step import _verify_one, speculative_step, target_choice
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.sampling import logits_to_probs, sample_from_probs
+from draftgate.types import SamplingParams
+
+V = 96  # tiny vocabulary
+PROMPT = [5, 17, 33, 17, 33, 40, 41, 42, 17, 33]
+X0 = 40  # the first output token (what prefill "emitted"), pending in every step below
+GREEDY = SamplingParams(max_new_tokens=64, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=1.0, top_k=6, max_new_tokens=64, ignore_eos=True)
+
+
+@pytest.fixture
+def one_thread():  # noqa: ANN201
+    """Thousands of ops on [4, 96] tensors: OpenMP threads only add overhead (a lot, on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model: LoadedModel) -> ModelRunner:
+    return ModelRunner(tiny_model, num_blocks=256, block_size=8)
+
+
+def _seq(
+    runner: ModelRunner,
+    params: SamplingParams,
+    seed: int,
+    seq_id: int,
+    output: Sequence[int] = (X0,),
+) -> SequenceState:
+    s = SequenceState(
+        list(PROMPT),
+        params,
+        PositionRandom(torch.Generator().manual_seed(seed)),
+        StopChecker(runner.tokenizer, params),
+        seq_id=seq_id,
+    )
+    s.append(list(output))
+    return s
+
+
+def _prefill(runner: ModelRunner, seq_id: int) -> None:
+    runner.prefill(seq_id, PROMPT)
+
+
+def _logits_after(runner: ModelRunner, tokens: list[int]) -> Tensor:
+    """Target logits [len(tokens), V] at each of tokens' positions after PROMPT, by a plain forward."""
+    sid = 10_000
+    runner.prefill(sid, PROMPT)
+    try:
+        (lg,) = runner.forward([ForwardItem(sid, tokens, len(tokens))])
+    finally:
+        runner.free(sid)
+    return lg
+
+
+# ------------------------------------------------------------------ target choice, matching
+
+
+def test_target_choice_is_argmax_or_the_positions_sample(runner: ModelRunner) -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, V, generator=g)  # [5, V]
+    u = torch.rand(5, 2, generator=g, dtype=torch.float64)  # [5, 2]
+    assert torch.equal(target_choice(logits, _seq(runner, GREEDY, 0, 1), u), logits.argmax(-1))
+    s = _seq(runner, SAMPLED, 0, 1)
+    want = sample_from_probs(logits_to_probs(logits, 1.0, 6, 1.0), u[:, 1])
+    assert torch.equal(target_choice(logits, s, u), want)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    ("match", "accepted"),
+    [([], 0), ([0], 1), ([0, 1], 2), ([0, 1, 2], 3), ([1, 2], 0), ([0, 2], 1)],
+)
+def test_deterministic_drafts_accept_the_matching_prefix(
+    runner: ModelRunner, params: SamplingParams, match: list[int], accepted: int
+) -> None:
+    """One-hot drafts: accepted while equal to the target's own choice; then that choice is emitted."""
+    g = torch.Generator().manual_seed(len(match) * 7 + accepted)
+    logits = torch.randn(4, V, generator=g) * 3  # [K+1, V]
+    u = torch.rand(4, 2, generator=g, dtype=torch.float64)  # [K+1, 2]
+    s = _seq(runner, params, 0, 1)
+    choice = target_choice(logits, s, u).tolist()  # what plain decoding emits at each position
+    drafts = [choice[i] if i in match else (choice[i] + 1) % V for i in range(3)]
+    out, a = _verify_one(s, Draft(token_ids=drafts), logits, u)
+    assert a == accepted and out == choice[: a + 1]
+
+
+# ------------------------------------------------------------------ sampled q (statistics)
+
+
+def _tv(counts: Tensor, p: Tensor) -> float:
+    return 0.5 * float((counts / counts.sum() - p).abs().sum())
+
+
+def _tv_bound(p: Tensor, n: int) -> float:
+    """3x the expected TV of n exact samples: 0.5 * sum_i E|p^_i - p_i| ~ 0.5 * sum_i sqrt(2 p(1-p) / (pi n))."""
+    return 3.0 * 0.5 * float(torch.sqrt(2.0 * p * (1 - p) / (math.pi * n)).sum())
+
+
+def _draft_qs(p: Tensor, sparse: bool, seed: int) -> Tensor | SparseQ:
+    """A q per position that overlaps p (so drafts are often accepted) but differs from it; [K, V] or sparse."""
+    g = torch.Generator().manual_seed(seed)
+    K = p.shape[0]
+    w = p.sqrt() * torch.rand(K, V, generator=g) + 0.02 * torch.rand(K, V, generator=g)  # [K, V]
+    if not sparse:
+        return w / w.sum(-1, keepdim=True)  # dense, full support (also outside p's top-k)
+    ids = w.topk(6, dim=-1).indices  # [K, 6]
+    ids[:, -1] = (ids[:, 0] + 50) % V  # one id p (almost surely) gives no mass
+    probs = w.gather(1, ids)  # [K, 6]
+    return SparseQ(ids=ids, probs=probs / probs.sum(-1, keepdim=True))
+
+
+def _flatter(q: Tensor | SparseQ) -> Tensor | SparseQ:
+    """q at twice the temperature: what a drafter reports if it forgets its own transform."""
+    if isinstance(q, Tensor):
+        return q.sqrt() / q.sqrt().sum(-1, keepdim=True)
+    return SparseQ(q.ids, q.probs.sqrt() / q.probs.sqrt().sum(-1, keepdim=True))
+
+
+def _dense(q: Tensor | SparseQ) -> Tensor:
+    if isinstance(q, Tensor):
+        return q
+    return torch.zeros(q.ids.shape[0], V).scatter_add_(1, q.ids, q.probs)
+
+
+def _sample_drafts(q: Tensor | SparseQ, k: int, g: torch.Generator) -> list[int]:
+    return torch.multinomial(_dense(q)[:k], 1, generator=g).squeeze(1).tolist()
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-q", "sparse-q"])
+def test_verify_one_with_sampled_q_emits_p(runner: ModelRunner, sparse: bool) -> None:
+    """First emitted token ~ p_0; second (after an accepted first) ~ p_1. A lying q is caught."""
+    K, N = 3, 1500
+    logits = _logits_after(runner, [X0, 17, 33, 17])  # [K+1, V]: fixed target rows for every trial
+    p = logits_to_probs(logits, SAMPLED.temperature, SAMPLED.top_k, SAMPLED.top_p)  # [K+1, V]
+    q = _draft_qs(p[:K], sparse, seed=1)
+    liar = _flatter(q)  # a drafter that reports q before its temperature transform
+    s = _seq(runner, SAMPLED, 0, 1)
+    g = torch.Generator().manual_seed(3)
+    first, second, lied = torch.zeros(V), torch.zeros(V), torch.zeros(V)
+    for _ in range(N):
+        x = _sample_drafts(q, K, g)
+        u = torch.rand(K + 1, 2, generator=g, dtype=torch.float64)  # [K+1, 2]
+        out, a = _verify_one(s, Draft(token_ids=x, q=q), logits, u)
+        assert len(out) == a + 1 and out[:a] == x[:a]
+        first[out[0]] += 1
+        if a >= 1:
+            second[out[1]] += 1
+        bad, _ = _verify_one(s, Draft(token_ids=x, q=liar), logits, u)
+        lied[bad[0]] += 1
+    assert _tv(first, p[0]) < _tv_bound(p[0], N)
+    n2 = int(second.sum())
+    assert n2 > N // 3, "drafts were rarely accepted: the second position is barely tested"
+    assert _tv(second, p[1]) < _tv_bound(p[1], n2)
+    assert _tv(lied, p[0]) > _tv_bound(p[0], N), (
+        "the check cannot tell a wrong q from the right one"
+    )
+
+
+class SampledDrafter:
+    """Drafts k tokens, token i drawn from q_i, and returns that q (dense or sparse)."""
+
+    name = "sampled"
+
+    def __init__(self, q: Tensor | SparseQ, seed: int) -> None:
+        self.q = q
+        self.g = torch.Generator().manual_seed(seed)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            q = self.q
+            q = q[: r.k] if isinstance(q, Tensor) else SparseQ(q.ids[: r.k], q.probs[: r.k])
+            out.append(
+                Draft(token_ids=_sample_drafts(self.q, r.k, self.g), q=q) if r.k else Draft([])
+            )
+        return out
+
+    def observe(
+        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
+    ) -> None:
+        pass
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-q", "sparse-q"])
+def test_step_with_sampled_drafter_emits_target_distribution(
+    runner: ModelRunner, sparse: bool
+) -> None:
+    """The whole step (drafter -> batched ragged forward -> verify -> rollback) keeps the first token ~ p."""
+    B, R, K = 32, 40, 3
+    logits = _logits_after(runner, [X0, 17, 33])  # [K, V] by a plain forward
+    p = logits_to_probs(logits[:1], 1.0, SAMPLED.top_k, 1.0)[0]  # [V] exact p of the first output
+    q_rows = logits_to_probs(logits, 1.0, 0, 1.0)  # [K, V]: q_0 overlaps p
+    drafter = SampledDrafter(_draft_qs(q_rows, sparse, seed=4), seed=5)
+    ids = range(100, 100 + B)
+    for sid in ids:
+        _prefill(runner, sid)
+    counts = torch.zeros(V)
+    accepted = 0
+    try:
+        for rep in range(R):
+            seqs = [_seq(runner, SAMPLED, seed=rep * B + sid, seq_id=sid) for sid in ids]
+            res = speculative_step(runner, drafter, seqs, [K] * B)
+            for s, e, a in zip(seqs, res.emitted, res.accepted, strict=True):
+                counts[e[0]] += 1
+                accepted += a
+                # Rolled back to the accepted prefix.
+                assert runner.length(s.seq_id) == len(s.history) - 1
+                runner.truncate(s.seq_id, len(PROMPT))
+            assert not any(res.draft_failed)
+    finally:
+        for sid in ids:
+            runner.free(sid)
+    assert accepted > B * R // 10, "drafts were rarely accepted: speculation was barely exercised"
+    assert _tv(counts, p) < _tv_bound(p, B * R)
+
+
+# ------------------------------------------------------------------ rollback on the runner
+
+
+class FixedDrafter:
+    """Proposes given drafts per seq_id; records what it was asked."""
+
+    name = "fixed"
+
+    def __init__(self, drafts: dict[int, Draft]) -> None:
+        self.drafts = drafts
+        self.asked: list[tuple[int, int]] = []
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.asked += [(r.seq_id, r.k) for r in requests]
+        return [self.drafts[r.seq_id] for r in requests]
+
+    def observe(
+        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
+    ) -> None:
+        pass
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None:
+    """k = 0, 1, 3, 8 in one forward, acceptance chosen per sequence; KV and outputs as plain decoding's."""
+    # Plain greedy continuation after PROMPT + [X0].
+    plain = [X0]
+    sid = 200
+    runner.prefill(sid, PROMPT)
+    for _ in range(12):
+        (lg,) = runner.forward([ForwardItem(sid, [plain[-1]])])
+        plain.append(int(lg[-1].argmax()))
+    runner.free(sid)
+    cont = plain[1:]
+    # (k, accepted): drafts equal the continuation up to `accepted`, then a wrong token.
+    plan = {201: (0, 0), 202: (1, 1), 203: (3, 1), 204: (8, 8), 205: (8, 0), 206: (3, 3)}
+    drafts = {}
+    for sid, (k, a) in plan.items():
+        d = cont[:a] + [(t + 1) % V for t in cont[a:k]]
+        drafts[sid] = Draft(token_ids=d)
+        runner.prefill(sid, PROMPT)
+    drafter = FixedDrafter(drafts)
+    seqs = [_seq(runner, GREEDY, seed=0, seq_id=sid) for sid in plan]
+    try:
+        res = speculative_step(runner, drafter, seqs, [k for k, _ in plan.values()])
+        assert res.drafted == [k for k, _ in plan.values()]
+        assert res.accepted == [a for _, a in plan.values()]
+        assert res.forward_tokens == sum(k + 1 for k, _ in plan.values())
+        for s, e, (_, a) in zip(seqs, res.emitted, plan.values(), strict=True):
+            assert e == cont[: a + 1] and s.output == plain[: a + 2]
+            assert runner.length(s.seq_id) == len(PROMPT) + 1 + a == len(s.history) - 1
+        # A second step continues from the rolled-back state exactly as plain decoding would.
+        res2 = speculative_step(runner, None, seqs, [0] * len(seqs))
+        for s, e in zip(seqs, res2.emitted, strict=True):
+            assert s.output == plain[: len(s.output)] and len(e) == 1
+    finally:
+        for sid in plan:
+            runner.free(sid)
+    runner.kv.check_no_leaks()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Draft(token_ids=[1, 2, 3, 4, 5]),  # more than k = 3
+        Draft(token_ids=[1, V]),  # outside the vocabulary
+        Draft(token_ids=[1, 2], q=torch.full((3, V), 1 / V)),  # q rows != drafts
+        Draft(token_ids=[1], q=SparseQ(torch.tensor([[1, V + 3]]), torch.tensor([[0.5, 0.5]]))),
+        None,  # the drafter raises for this sequence
+    ],
+    ids=["too-long", "bad-id", "q-shape", "sparse-bad-id", "raises"],
+)
+def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | None) -> None:
+    good = Draft(token_ids=[17, 33, 17])
+
+    class Drafter(FixedDrafter):
+        def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+            if bad is None and any(r.seq_id == 302 for r in requests):
+                raise RuntimeError("drafter crashed on 302")
+            return super().propose(requests)
+
+    drafter = Drafter({301: good, 302: bad or good, 303: good})
+    seqs = []
+    for sid in (301, 302, 303):
+        runner.prefill(sid, PROMPT)
+        seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
+    try:
+        res = speculative_step(runner, drafter, seqs, [3, 3, 3])
+        assert res.draft_failed == [False, True, False]
+        assert res.drafted == [3, 0, 3]
+        for s in seqs:
+            assert runner.length(s.seq_id) == len(s.history) - 1
+    finally:
+        for sid in (301, 302, 303):
+            runner.free(sid)
