@@ -132,11 +132,13 @@ class Engine:
         return self
 
     def shutdown(self) -> None:
+        """Stop the loop; requests still in flight end with an 'abort' chunk (nobody waits forever)."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        self._abort_all()  # also covers requests submitted to an engine whose loop never started
 
     def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:
         if isinstance(prompt, str):
@@ -266,7 +268,10 @@ class Engine:
                 for r in list(self._running) + list(self._waiting):
                     self._finish(r, "error", error=f"engine failure: {type(e).__name__}: {e}")
                 self._waiting.clear()
-        # Shut down: end every request still here, so no caller waits forever and no KV stays held.
+        self._abort_all()
+
+    def _abort_all(self) -> None:
+        """Shut down: end every request still here, so no caller waits forever and no KV stays held."""
         self._drain_inbox()
         for r in list(self._running) + list(self._waiting):
             self._finish(r, "abort")
@@ -341,6 +346,8 @@ class Engine:
         with self._lock:
             for r, k, a, failed in zip(batch, res.drafted, res.accepted, res.draft_failed, strict=True):
                 r.seq.stats.record_round(k, a, a + 1)
+                r.seq.stats.draft_time_s += res.draft_s  # each request waits the whole round
+                r.seq.stats.verify_time_s += res.forward_s
                 self.stats.record_round(k, a, a + 1)
                 r.drafter_failed |= failed
                 if r.controller is not None and k:
@@ -365,10 +372,10 @@ class Engine:
 
     def _finish(self, r: _Req, reason: str, tokens: list[int] | None = None, error: str | None = None) -> None:
         """Every path that ends a request comes here: KV freed, drafter state dropped, sink told."""
+        self.runner.free(r.seq.seq_id)  # before leaving _running: num_running == 0 implies KV is back
         if r in self._running:
             self._running.remove(r)
             self._reserved -= r.reserved_blocks
-        self.runner.free(r.seq.seq_id)
         if self.drafter is not None:
             try:
                 self.drafter.release(r.seq.seq_id)
