@@ -9,56 +9,26 @@ iterator) or ``complete`` (blocking).
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from draftgate.drafters.base import Drafter
 from draftgate.engine.controller import CostModel, GoodputController
+from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import speculative_step, target_choice
 from draftgate.errors import BadRequestError, CapacityError
 from draftgate.models.runner import ModelRunner
-from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams, SpecStats
 
-__all__ = ["Engine", "Chunk", "Completion"]
+__all__ = ["Engine", "Chunk", "Completion", "Sink"]
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """What one request gets after a round: new tokens, their text, and at the end the reason."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    error: str | None = None
-    stats: SpecStats | None = None  # set on the final chunk
-    prompt_tokens: int = 0
-
-
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    stats: SpecStats
-    elapsed_s: float
-    first_token_s: float
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-Sink = Callable[[Chunk], None]
 
 
 @dataclass
@@ -93,7 +63,7 @@ class _Detok:
         return out
 
 
-class Engine:
+class Engine(Frontend):
     def __init__(
         self,
         runner: ModelRunner,
@@ -140,16 +110,6 @@ class Engine:
             self._thread = None
         self._abort_all()  # also covers requests submitted to an engine whose loop never started
 
-    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt) if raw else self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        else:
-            _check_messages(prompt)
-            ids = self.tokenizer.encode_chat(prompt)
-        if not ids:
-            raise BadRequestError("the prompt is empty")
-        return ids
-
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
     ) -> Callable[[], None]:
@@ -193,55 +153,6 @@ class Engine:
             self._wake.set()
 
         return cancel
-
-    async def generate(
-        self, prompt: str | Sequence[Message] | list[int], params: SamplingParams, raw: bool = False
-    ) -> AsyncIterator[Chunk]:
-        """Stream chunks for one request; cancelling the iterator cancels the request."""
-        ids = prompt if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[Chunk] = asyncio.Queue()
-        cancel = self.submit(list(ids), params, lambda c: loop.call_soon_threadsafe(q.put_nowait, c))
-        self.start()
-        try:
-            while True:
-                c = await q.get()
-                yield c
-                if c.finish_reason is not None:
-                    return
-        finally:
-            cancel()
-
-    def complete(
-        self,
-        prompt: str | Sequence[Message] | list[int],
-        params: SamplingParams,
-        raw: bool = False,
-        on_chunk: Sink | None = None,
-    ) -> Completion:
-        """Blocking: run one request to the end."""
-        ids = list(prompt) if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
-        q: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
-        t0 = time.perf_counter()
-        first = None
-        self.submit(ids, params, q.put)
-        self.start()
-        toks: list[int] = []
-        text = []
-        while True:
-            c = q.get()
-            if first is None and c.token_ids:
-                first = time.perf_counter() - t0
-            if on_chunk is not None:
-                on_chunk(c)
-            toks.extend(c.token_ids)
-            text.append(c.text)
-            if c.finish_reason is not None:
-                if c.finish_reason == "error":
-                    raise RuntimeError(c.error or "generation failed")
-                assert c.stats is not None
-                el = time.perf_counter() - t0
-                return Completion("".join(text), toks, len(ids), c.finish_reason, c.stats, el, first or el)
 
     def kv_stats(self) -> dict[str, int]:
         return self.runner.kv.stats()
@@ -392,17 +303,3 @@ class Engine:
             r.sink(chunk)
         except Exception:
             r.cancelled = True
-
-
-def _is_ids(prompt: object) -> bool:
-    return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and bool(prompt)
-
-
-def _check_messages(messages: Sequence[Message]) -> None:
-    if not messages:
-        raise BadRequestError("messages must not be empty")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise BadRequestError("each message needs a string 'role' and a string 'content'")
-        if m["role"] not in ("system", "user", "assistant"):
-            raise BadRequestError(f"unknown message role {m['role']!r} (use system, user or assistant)")

@@ -58,16 +58,17 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
 
 from draftgate.drafters.base import Drafter, DraftRequest
-from draftgate.engine.engine import Chunk, _check_messages, _Detok
+from draftgate.engine.engine import _Detok
+from draftgate.engine.frontend import Chunk, Frontend
 from draftgate.engine.sequence import StopChecker
 from draftgate.errors import BadRequestError, CapacityError
-from draftgate.models.tokenizer import Message, TextTokenizer
+from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams, SpecStats
 
 __all__ = ["OpenAITargetEngine", "VerifyError"]
@@ -168,7 +169,7 @@ class _Req:
         self.history = list(self.prompt)
 
 
-class OpenAITargetEngine:
+class OpenAITargetEngine(Frontend):
     """Backend for gateway routes with ``target: openai+http://HOST:PORT``."""
 
     def __init__(
@@ -237,16 +238,6 @@ class OpenAITargetEngine:
                 return  # a test's client: keep it
             self._http.close()
             self._http = httpx.Client(timeout=self._http.timeout)  # restartable
-
-    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt) if raw else self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        else:
-            _check_messages(prompt)
-            ids = self.tokenizer.encode_chat(prompt)
-        if not ids:
-            raise BadRequestError("the prompt is empty")
-        return ids
 
     def check_params(self, params: SamplingParams) -> None:
         """The refusal: sampling on this back end is only served when the route allows approximation."""

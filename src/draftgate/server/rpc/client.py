@@ -30,27 +30,21 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import logging
-import queue
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import grpc
 
 from draftgate.drafters.base import Draft, Drafter, DraftRequest
 from draftgate.engine.controller import CostModel, GoodputController
-from draftgate.engine.engine import (  # shared with Engine
-    Chunk,
-    Completion,
-    _check_messages,
-    _Detok,
-    _is_ids,
-)
+from draftgate.engine.engine import _Detok  # shared with Engine
+from draftgate.engine.frontend import Chunk, Frontend
 from draftgate.engine.sequence import StopChecker
 from draftgate.errors import BadRequestError, CapacityError
-from draftgate.models.tokenizer import Message, TextTokenizer
+from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.rpc import target_pb2 as pb
 from draftgate.server.rpc.pool import NoWorkerError, WorkerHandle, WorkerPool
 from draftgate.server.rpc.wire import GRPC_PREFIX, WireStats, check_draft, params_to_pb, round_to_pb
@@ -107,7 +101,7 @@ class _Req:
         self.history = list(self.prompt)
 
 
-class RemoteTargetEngine:
+class RemoteTargetEngine(Frontend):
     """Generation against gRPC target workers; the gateway's Backend and Engine's public API."""
 
     def __init__(
@@ -172,16 +166,6 @@ class RemoteTargetEngine:
         self._draft_pool.shutdown(wait=True)
         self._draft_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="draftgate-draft")  # restartable
 
-    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt) if raw else self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        else:
-            _check_messages(prompt)
-            ids = self.tokenizer.encode_chat(prompt)
-        if not ids:
-            raise BadRequestError("the prompt is empty")
-        return ids
-
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Callable[[], None]:
         """Queue a request; returns a cancel function. Raises BadRequestError / CapacityError."""
         params.validate()
@@ -217,60 +201,6 @@ class RemoteTargetEngine:
                 pass  # the loop is closed: the request already ended
 
         return cancel
-
-    async def generate(
-        self, prompt: str | Sequence[Message] | list[int], params: SamplingParams, raw: bool = False
-    ) -> AsyncIterator[Chunk]:
-        """Stream chunks for one request; cancelling the iterator cancels the request."""
-        ids = prompt if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[Chunk] = asyncio.Queue()
-
-        def sink(c: Chunk) -> None:
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, c)
-            except RuntimeError:  # the caller's loop is gone: nobody is listening
-                pass
-
-        cancel = self.submit(list(ids), params, sink)
-        try:
-            while True:
-                c = await q.get()
-                yield c
-                if c.finish_reason is not None:
-                    return
-        finally:
-            cancel()
-
-    def complete(
-        self,
-        prompt: str | Sequence[Message] | list[int],
-        params: SamplingParams,
-        raw: bool = False,
-        on_chunk: Sink | None = None,
-    ) -> Completion:
-        """Blocking: run one request to the end (RuntimeError on an error chunk)."""
-        ids = list(prompt) if _is_ids(prompt) else self.encode(prompt, raw)  # type: ignore[arg-type]
-        q: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
-        t0 = time.perf_counter()
-        first = None
-        self.submit(ids, params, q.put)
-        toks: list[int] = []
-        text = []
-        while True:
-            c = q.get()
-            if first is None and c.token_ids:
-                first = time.perf_counter() - t0
-            if on_chunk is not None:
-                on_chunk(c)
-            toks.extend(c.token_ids)
-            text.append(c.text)
-            if c.finish_reason is not None:
-                if c.finish_reason == "error":
-                    raise RuntimeError(c.error or "generation failed")
-                assert c.stats is not None
-                el = time.perf_counter() - t0
-                return Completion("".join(text), toks, len(ids), c.finish_reason, c.stats, el, first or el)
 
     def kv_stats(self) -> dict[str, int]:
         """The workers' KV blocks (sum of their last Health answers)."""
