@@ -76,7 +76,7 @@ def test_model_takes_over_when_lookup_drafts_keep_failing() -> None:
     d = AutoDrafter(model=m)
     hist = [1, 2, 3, 4, 1, 2, 3]  # lookup always proposes here
     req = DraftRequest(9, hist, 4, P)
-    for _ in range(3):  # three lookup rounds with nothing accepted
+    for _ in range(3):  # three lookup rounds with nothing accepted (under one token a round)
         assert d.propose([req])[0].token_ids == [4, 1, 2, 3]
         d.observe(9, hist, 4, 0)
     assert m.calls == []

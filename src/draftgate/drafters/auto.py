@@ -7,7 +7,8 @@ and round:
 1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
 2. if a model drafter is configured (e.g. the target's own GGUF in llama.cpp)
    and lookup proposes fewer than ``min_lookup`` tokens, or lookup's recent
-   acceptance on this request is below the model's, the model drafts instead;
+   drafts on this request yield under one accepted token a round, the model
+   drafts instead;
    unless the model's own measured acceptance on this request is too low to pay
    for its cost (tracked per request with a short window; probed again after a
    back-off).
@@ -31,18 +32,20 @@ class _ModelUse:
     """Per-request record of how the model drafter's drafts fared (last rounds only)."""
 
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
-    lookup_rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    lookup_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=8))
     skip: int = 0  # rounds left before the model is tried again
     backoff: int = 4
     last_was_model: bool = False
 
     def lookup_is_worse(self) -> bool:
-        """Lookup drafts have been accepted less often than model drafts on this request."""
-        if len(self.lookup_rates) < 3:
+        """Lookup drafts on this request have been yielding under one accepted token a round.
+
+        Lookup drafts are free and model drafts are not, so lookup keeps the turn while
+        it pays for its verification at all; per-token acceptance rates are not compared.
+        """
+        if len(self.lookup_accepted) < 3:
             return False
-        lookup = sum(self.lookup_rates) / len(self.lookup_rates)
-        model = sum(self.rates) / len(self.rates) if self.rates else 0.8  # optimistic until measured
-        return lookup < model
+        return sum(self.lookup_accepted) / len(self.lookup_accepted) < 1.0
 
 
 class AutoDrafter:
@@ -50,7 +53,7 @@ class AutoDrafter:
 
     def __init__(self, model: Drafter | None = None, min_lookup: int = 2, min_model_rate: float = 0.35) -> None:
         self._suffix = SuffixDrafter()
-        self._ngram = NgramDrafter()
+        self._ngram = NgramDrafter(min_n=2)  # unigram matches are noise outside copied text
         self._model = model
         self._min_lookup = min_lookup
         self._min_rate = min_model_rate
@@ -84,7 +87,7 @@ class AutoDrafter:
         if self._model is None or use is None or not num_drafted:
             return
         if not use.last_was_model:
-            use.lookup_rates.append(num_accepted / num_drafted)
+            use.lookup_accepted.append(num_accepted)
             return
         self._model.observe(seq_id, tokens, num_drafted, num_accepted)
         use.rates.append(num_accepted / num_drafted)
