@@ -11,12 +11,22 @@ import torch
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.types import SamplingParams
 
-__all__ = ["add_engine_args", "add_sampling_args", "engine_config", "sampling_params", "default_cache_dir"]
+__all__ = ["port_arg", "add_engine_args", "add_sampling_args", "engine_config", "sampling_params", "default_cache_dir"]
 
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "draftgate"
+
+
+def port_arg(v: str) -> int:
+    try:
+        p = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer, got {v!r}") from None
+    if not 0 <= p <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be in [0, 65535], got {p}")
+    return p
 
 
 def _k_arg(v: str) -> int | None:

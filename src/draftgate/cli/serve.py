@@ -19,28 +19,18 @@ import os
 import sys
 from pathlib import Path
 
-from draftgate.cli.common import add_engine_args, engine_config
+from draftgate.cli.common import add_engine_args, engine_config, port_arg
 
 __all__ = ["register", "run", "KEYS_ENV"]
 
 KEYS_ENV = "DRAFTGATE_API_KEYS"
 
 
-def _port(v: str) -> int:
-    try:
-        p = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer, got {v!r}") from None
-    if not 0 <= p <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be in [0, 65535], got {p}")
-    return p
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the OpenAI-compatible gateway", description=__doc__)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    g.add_argument("--port", type=_port, default=8000, help="port (default: %(default)s)")
+    g.add_argument("--port", type=port_arg, default=8000, help="port (default: %(default)s)")
     g.add_argument("--routes", type=Path, default=None, metavar="FILE", help="routes file (.yaml/.yml/.toml)")
     g.add_argument("--api-keys-file", type=Path, default=None, metavar="FILE", help="client API keys, one a line")
     g.add_argument("--admin-key-file", type=Path, default=None, metavar="FILE", help="admin API keys, one a line")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from draftgate.cli.common import port_arg
+
 __all__ = ["register", "run_target", "run_draft"]
 
 TARGET_DESCRIPTION = """\
@@ -41,16 +43,6 @@ example:
   draftgate serve-draft --drafter ngram --port 8100      (no model needed)
   draftgate serve --drafter http://127.0.0.1:8100 --target grpc://127.0.0.1:50051
 """
-
-
-def _port(v: str) -> int:
-    try:
-        p = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer, got {v!r}") from None
-    if not 0 <= p <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be in [0, 65535], got {p}")
-    return p
 
 
 def _positive(v: str) -> int:
@@ -81,7 +73,7 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
 def _server_args(p: argparse.ArgumentParser, port: int) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    g.add_argument("--port", type=_port, default=port, help="port (default: %(default)s)")
+    g.add_argument("--port", type=port_arg, default=port, help="port (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
