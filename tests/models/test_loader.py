@@ -214,3 +214,19 @@ def test_load_errors_are_one_line(make, says: str, tmp_path: Path, tiny_model_di
         load_model(str(path))
     msg = str(info.value)
     assert says in msg and "\n" not in msg, msg
+
+
+@pytest.mark.real_model
+def test_gguf_tokenizer_saved_as_hf_folder_round_trips(real_model: LoadedModel, tmp_path: Path) -> None:
+    from draftgate.models.tokenizer import TextTokenizer
+
+    tok = real_model.tokenizer
+    tok.save_hf(tmp_path)
+    back = TextTokenizer.from_hf_folder(tmp_path)
+    text = "Hello, world! 12345 naïve café\n\tdef f(x): return x**2"
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    assert back.encode(text) == tok.encode(text)
+    assert back.encode_chat(chat) == tok.encode_chat(chat)
+    assert back.vocab() == tok.vocab()
+    assert back.eos_ids == tok.eos_ids
+    assert back.decode(tok.encode(text)) == text

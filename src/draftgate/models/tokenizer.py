@@ -86,6 +86,19 @@ class TextTokenizer:
     def _template_has_bos(self) -> bool:
         return bool(self.chat_template and "bos_token" in self.chat_template)
 
+    def save_hf(self, folder: Path) -> None:
+        """Write tokenizer.json + tokenizer_config.json so ``from_hf_folder`` rebuilds this tokenizer."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(folder / "tokenizer.json"))
+        tcfg = {
+            "chat_template": self.chat_template,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "add_bos_token": self.add_bos,
+            "eos_token_ids": list(self.eos_ids),
+        }
+        (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
+
     # ----------------------------------------------------------------- builders
 
     @classmethod
@@ -143,7 +156,7 @@ class TextTokenizer:
 
         bos = _tok_str(tcfg.get("bos_token"))
         eos = _tok_str(tcfg.get("eos_token"))
-        ids = list(eos_ids)
+        ids = [*eos_ids, *tcfg.get("eos_token_ids", [])]
         if eos and tok.token_to_id(eos) is not None:
             ids.append(tok.token_to_id(eos))
         return cls(tok, template, bos, eos, ids, add_bos=bool(tcfg.get("add_bos_token", False)))
