@@ -21,7 +21,10 @@ import torch.nn.functional as F
 
 from draftgate.models.config import ModelConfig, rope_inv_freq
 
-__all__ = ["LlamaModel", "AttentionLayout", "KVCache"]
+__all__ = ["VOCAB_SUBSET_KEY", "LlamaModel", "AttentionLayout", "KVCache"]
+
+# Optional weight: the token ids a reduced output head predicts (a distilled draft's vocabulary subset).
+VOCAB_SUBSET_KEY = "draftgate.vocab_subset"
 
 
 @dataclass
@@ -138,7 +141,10 @@ class LlamaModel:
         self.dtype = w["model.embed_tokens.weight"].dtype
         self.embed = w["model.embed_tokens.weight"]  # [V, C]
         head = w.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
-        self.lm_head = _Weight(head, keep_rowmajor=True)
+        self.lm_head = _Weight(head, keep_rowmajor=True)  # [V or Vs, C]
+        # A distilled draft may predict only a subset of the vocabulary: lm_head is [Vs, C]
+        # and out_ids [Vs] maps its rows to token ids; other tokens get logit -inf (q = 0).
+        self.out_ids: torch.Tensor | None = w.get(VOCAB_SUBSET_KEY)  # [Vs] int64
         self.norm = w["model.norm.weight"]
         self.layers = [_Layer(w, i, on_cpu) for i in range(cfg.num_layers)]
         if not on_cpu:  # GPU: F.linear everywhere (the CPU kernel quirk does not apply)
@@ -185,7 +191,12 @@ class LlamaModel:
             g, u = gu.chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)
         x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
-        return self.lm_head(x).float()  # [R, V]
+        logits = self.lm_head(x).float()  # [R, V] (or [R, Vs] with a vocabulary subset)
+        if self.out_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]
+        full[:, self.out_ids] = logits
+        return full
 
     def _attention(
         self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout

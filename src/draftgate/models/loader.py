@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig
+from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "resolve_model_path", "load_model", "save_hf_folder", "KNOWN_MODELS"]
@@ -78,7 +79,9 @@ def load_model(
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
     if dtype != torch.float32:
-        loaded = replace(loaded, weights={k: v.to(dtype) for k, v in loaded.weights.items()})
+        loaded = replace(
+            loaded, weights={k: v.to(dtype) if v.is_floating_point() else v for k, v in loaded.weights.items()}
+        )
     return loaded
 
 
@@ -281,3 +284,12 @@ def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: P
     emb = weights["model.embed_tokens.weight"]
     if tuple(emb.shape) != (config.vocab_size, config.hidden_size):
         raise ModelLoadError(f"{src}: embedding shape {tuple(emb.shape)} does not match the config")
+    subset = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
+    if subset is not None:
+        head = weights.get("lm_head.weight")
+        if config.tie_word_embeddings or head is None or subset.dtype != torch.int64 or subset.ndim != 1:
+            raise ModelLoadError(f"{src}: {VOCAB_SUBSET_KEY} needs an untied lm_head.weight and int64 ids")
+        if tuple(head.shape) != (subset.numel(), config.hidden_size):
+            raise ModelLoadError(f"{src}: lm_head shape {tuple(head.shape)} does not match {subset.numel()} subset ids")
+        if subset.numel() and not (0 <= int(subset.min()) and int(subset.max()) < config.vocab_size):
+            raise ModelLoadError(f"{src}: {VOCAB_SUBSET_KEY} ids must be in [0, {config.vocab_size})")

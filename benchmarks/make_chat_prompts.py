@@ -1,0 +1,76 @@
+"""Write the open-chat prompt sets used to distill and to evaluate a chat draft (issue 7).
+
+Training prompts are templates x topics (seeded sample); the evaluation set is
+hand-written and disjoint from them (and from the built-in bench prompts it
+adds to). Re-running rewrites the same files.
+
+    .venv/bin/python benchmarks/make_chat_prompts.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "draftgate" / "data"
+
+TEMPLATES = [
+    "Explain {t} in simple terms.",
+    "What are the main benefits of {t}?",
+    "Give me three tips about {t}.",
+    "Write a short paragraph about {t}.",
+    "What is the history of {t}?",
+    "How can a beginner get started with {t}?",
+    "What are common mistakes people make with {t}?",
+    "Write a short poem about {t}.",
+    "Describe {t} to a ten-year-old.",
+    "What are the pros and cons of {t}?",
+    "Why is {t} important?",
+    "Write a short story that involves {t}.",
+    "Can you summarize the key ideas of {t}?",
+    "List five interesting facts about {t}.",
+]
+TOPICS = [
+    "photosynthesis", "gardening", "the solar system", "healthy eating", "learning a new language",
+    "saving money", "climate change", "machine learning", "the water cycle", "public speaking",
+    "meditation", "time management", "the Roman Empire", "volcanoes", "recycling", "electric cars",
+    "the human heart", "sleep", "running", "cooking pasta", "chess", "the internet", "bees",
+    "friendship", "job interviews", "renewable energy", "the ocean", "music lessons", "a balanced diet",
+    "painting with watercolors", "camping", "the moon", "birds", "coffee", "rainforests", "writing a resume",
+    "team work", "mountains", "dinosaurs", "the printing press", "yoga", "budget travel", "cats", "dogs",
+    "baking bread", "video games", "volunteering", "the immune system", "electricity", "earthquakes",
+    "a good night routine", "reading books", "honey", "weather forecasts", "robots", "the piano",
+    "composting", "stress", "hiking safety", "smartphones",
+]
+EVAL = [
+    "Tell me a short story about a dragon who is afraid of the dark.",
+    "How do I make a good first impression at a new job?",
+    "What should I pack for a weekend trip to the beach?",
+    "Explain how a rainbow forms.",
+    "Write a friendly email inviting my neighbors to a picnic.",
+    "What are some fun activities to do on a rainy day?",
+    "Why do leaves change color in autumn?",
+    "Give me advice on how to stay motivated when studying.",
+    "Describe a perfect morning routine.",
+    "What makes a good friend?",
+]
+
+
+def main() -> None:
+    rng = random.Random(0)
+    pairs = [(tpl, t) for tpl in TEMPLATES for t in TOPICS]
+    rng.shuffle(pairs)
+    train = [tpl.format(t=t) for tpl, t in pairs[:480]]
+    assert not set(train) & set(EVAL)
+    with (DATA / "chat_train.jsonl").open("w") as f:
+        for p in train:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    with (DATA / "chat_eval.jsonl").open("w") as f:
+        for i, p in enumerate(EVAL, 1):
+            f.write(json.dumps({"question_id": 100 + i, "category": "open_chat", "turns": [p]}) + "\n")
+    print(f"wrote {len(train)} training and {len(EVAL)} evaluation prompts to {DATA}")
+
+
+if __name__ == "__main__":
+    main()
