@@ -53,11 +53,19 @@ def test_parse_openai_arm():
         ("ngram:n=2", "unknown option"),
         ("hf:k=2", "unknown arm"),
         ("openai+ftp://x", r"expected openai\+http"),
+        ("ngram:draft=/d", "only the model and auto"),
+        ("model:draft=", "draft= needs"),
     ],
 )
 def test_bad_arms(text, msg):
     with pytest.raises(ArmError, match=msg):
         parse_arm(text)
+
+
+def test_parse_arm_with_its_own_draft_model():
+    s = parse_arm("model:k=3:draft=/tmp/drafts/chat")
+    assert (s.drafter, s.k, s.draft_model) == (DrafterKind.MODEL, 3, "/tmp/drafts/chat")
+    assert parse_arm("model:draft=/a").k is None and parse_arm("model").draft_model is None
 
 
 def test_parse_arms_rejects_duplicates_and_empty():

@@ -5,7 +5,8 @@ piece as it arrives. Arm names on the command line:
 
 - ``plain`` (the engine with drafter none), ``ngram``, ``suffix``, ``auto``,
   ``model``, ``quant``, each optionally with ``:k=N`` or ``:k=auto``
-  (e.g. ``ngram:k=4``; without it K is adaptive);
+  (e.g. ``ngram:k=4``; without it K is adaptive); ``model`` and ``auto`` also take
+  ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side);
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
@@ -68,6 +69,7 @@ class ArmSpec:
     k: int | None = None  # draft tokens per round; None = adaptive (engine) / default (hf-lookup)
     url: str | None = None  # openai arms: base URL ending in /v1
     served_model: str | None = None  # openai arms: the "model" field (None: ask /v1/models)
+    draft_model: str | None = None  # engine arms: this arm's --draft-model
 
     @property
     def sequential(self) -> bool:
@@ -94,10 +96,23 @@ class Arm(Protocol):
     def close(self) -> None: ...
 
 
+def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None]:
+    """``k=N`` / ``k=auto`` and ``draft=DIR``, separated by ':'."""
+    k, draft = None, None
+    for opt in opts.split(":"):
+        if opt.startswith("draft="):
+            draft = opt[len("draft=") :] or None
+            if draft is None:
+                raise ArmError(f"arm {name!r}: draft= needs a model folder or file")
+        else:
+            k = _parse_k(name, opt)
+    return k, draft
+
+
 def _parse_k(name: str, opt: str) -> int | None:
     key, _, val = opt.partition("=")
     if key != "k" or not val:
-        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N or :k=auto)")
+        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N, :k=auto or :draft=DIR)")
     if val == "auto":
         return None
     if not val.isdigit():
@@ -123,14 +138,16 @@ def parse_arm(text: str) -> ArmSpec:
             served_model=model,
         )
     base, _, opt = name.partition(":")
-    k = _parse_k(name, opt) if opt else None
+    k, draft = _parse_opts(name, opt) if opt else (None, None)
+    if draft is not None and base not in ("model", "auto"):
+        raise ArmError(f"arm {name!r}: only the model and auto arms take draft=DIR")
     if base in _ENGINE_NAMES:
         drafter = _ENGINE_NAMES[base]
         if drafter == DrafterKind.NONE:
             if opt:
                 raise ArmError(f"arm {name!r}: plain decoding takes no K")
             k = 0
-        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k)
+        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k, draft_model=draft)
     if base == ArmKind.HF_LOOKUP.value:
         return ArmSpec(name, ArmKind.HF_LOOKUP, k=HF_LOOKUP_DEFAULT if k is None else k)
     if base in (ArmKind.HF.value, ArmKind.LLAMACPP.value) and not opt:
@@ -173,6 +190,8 @@ def _engine_arm(spec: ArmSpec, base: EngineConfig, loaded: LoadedModel) -> Engin
     assert spec.drafter is not None
     k_max = max(base.k_max, spec.k or 0)
     cfg = replace(base, drafter=spec.drafter, k=spec.k, k_max=k_max)
+    if spec.draft_model is not None:
+        cfg = replace(cfg, draft_model=spec.draft_model)
     try:
         engine = build_engine(cfg.validate(), loaded=loaded)
     except (ImportError, ValueError) as e:
