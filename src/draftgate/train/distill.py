@@ -95,6 +95,7 @@ class DistillReport:
     seconds_data: float
     seconds_train: float
     seconds_total: float
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out agreement)
     losses: list[float] = field(default_factory=list)
 
 
@@ -223,6 +224,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
     )
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses = 0, []
+    evals: list[tuple[int, float]] = []  # (step, held-out agreement)
     ckpt = cfg.out / "checkpoint.pt"
     if cfg.resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
@@ -230,7 +232,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         gen.set_state(st["gen"])
-        step, losses = st["step"], st["losses"]
+        step, losses, evals = st["step"], st["losses"], st.get("evals", [])
         log(f"resumed from {ckpt} at step {step}")
     before = agreement(DraftLM.from_target(target, dcfg, out_ids, layers), eval_ex)
     log(
@@ -247,6 +249,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
                 "gen": gen.get_state(),
                 "step": step,
                 "losses": losses,
+                "evals": evals,
             },
             ckpt,
         )
@@ -273,6 +276,8 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
         bar.set_postfix(loss=f"{float(loss):.3f}")
         if step % cfg.checkpoint_every == 0:
             save()
+            evals.append((step, round(agreement(model, eval_ex), 4)))
+            bar.write(f"step {step}: loss {float(loss):.3f}, held-out agreement {evals[-1][1]:.1%}")
     bar.close()
     t_train = time.perf_counter() - t_train0
     save()
@@ -291,6 +296,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
         seconds_data=round(t_data, 1),
         seconds_train=round(t_train, 1),
         seconds_total=round(time.perf_counter() - t0, 1),
+        evals=evals,
         losses=losses,
     )
     (cfg.out / "distill.json").write_text(
