@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import torch
 
@@ -36,6 +37,7 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     """`model`: a separate draft model on our runner; `quant`: the target's GGUF in llama.cpp."""
     from draftgate.drafters.model import LlamaCppDrafter, ModelDrafter
+    from draftgate.models.pairing import check_pair
 
     if cfg.drafter == DrafterKind.QUANT:
         if target.gguf_path is None:
@@ -46,11 +48,13 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
             raise ModelLoadError(str(e)) from e
     assert cfg.draft_model is not None
     draft = load_model(cfg.draft_model, dtype=_DTYPES[cfg.dtype], cache_dir=cfg.cache_dir)
-    if draft.tokenizer.vocab() != target.tokenizer.vocab():
-        raise ModelLoadError(
-            f"draft model {cfg.draft_model} has a different vocabulary from the target; "
-            "a draft must share the target's tokenizer"
-        )
+    report = check_pair(target, draft)  # the same check as `draftgate check-pair`
+    if not report.ok:
+        reasons = "; ".join(f"{f.check}: {f.reason}" for f in report.errors)
+        raise ModelLoadError(f"draft model {cfg.draft_model} cannot draft for {target.source}: {reasons}")
+    for f in report.findings:
+        if f.severity == "warning":  # lossless either way; the draft may just be accepted less
+            logging.getLogger(__name__).warning("draft model %s: %s: %s", cfg.draft_model, f.check, f.reason)
     runner = ModelRunner(draft, device=cfg.device, num_blocks=cfg.num_blocks, block_size=cfg.block_size)
     return ModelDrafter(runner)
 
