@@ -12,7 +12,7 @@ __all__ = ["main", "entry", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from draftgate.cli import demo, generate
+    from draftgate.cli import demo, generate, tools
 
     p = argparse.ArgumentParser(
         prog="draftgate",
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `draftgate COMMAND --help` for a command's options.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in (generate, demo, *_optional_commands()):
+    for mod in (generate, demo, tools, *_optional_commands()):
         mod.register(sub)
     return p
 
