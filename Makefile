@@ -30,9 +30,14 @@ bench: $(STAMP)
 	$(VENV)/bin/draftgate bench --prompts src/draftgate/data/prompts.jsonl --arms plain,ngram,suffix,auto --runs 3 --out bench-out
 
 # Optional: llama.cpp (the `quant` self-draft, the `llamacpp` bench arm, a llama.cpp server back end).
-# Builds from source: about 11 minutes on 2 cores the first time, then pip's wheel cache is reused.
+# Builds from source: 6-11 minutes on 2 cores the first time, then pip's wheel cache is reused.
+# Not -march=native: a native build on a CPU that lists AMX compiles ggml's AMX kernels, and where the
+# kernel or hypervisor does not grant AMX state they die with SIGILL (seen here); AVX2/AVX-512 only.
+LLAMACPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
 llamacpp: $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PY) -m pip install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python==0.3.36'
+	$(PY) -m pip install -q 'llama-cpp-python[server]==0.3.36'
 
 clean:
 	rm -rf $(VENV) .cache bench-out
