@@ -43,6 +43,46 @@ TOPICS = [
     "a good night routine", "reading books", "honey", "weather forecasts", "robots", "the piano",
     "composting", "stress", "hiking safety", "smartphones",
 ]
+# Free-form request shapes (the evaluation prompts are hand-written in this style, but none is generated).
+SLOTS = {
+    "character": ["a robot", "a young fox", "an old sailor", "a shy giant", "a curious girl", "a lost puppy",
+                  "a retired teacher", "a tiny mouse", "a brave knight", "a talking tree", "a baker",
+                  "two best friends", "a clumsy wizard", "a lonely astronaut", "a grandmother", "a street musician"],
+    "situation": ["finds a hidden door", "loses its way home", "learns to swim", "wins a contest",
+                  "makes a new friend", "discovers a secret map", "has to give a speech", "gets stuck in the rain",
+                  "opens a small shop", "travels to the sea", "meets a ghost", "plants a magic seed"],
+    "task": ["fix a flat bicycle tire", "start a vegetable garden", "write a cover letter", "learn to juggle",
+             "save for a holiday", "make friends in a new city", "keep a plant alive", "cook rice",
+             "organize my closet", "prepare for an exam", "train a puppy", "improve my handwriting",
+             "fall asleep faster", "plan a birthday party", "reduce screen time", "memorize a speech",
+             "choose a laptop", "clean a kitchen quickly", "start running", "write a good essay"],
+    "occasion": ["a camping trip", "a job interview", "a wedding", "a long flight", "a snowy weekend",
+                 "a first date", "a school play", "a picnic", "a family dinner", "moving house"],
+    "text": ["a thank-you note to a teacher", "a short speech for a friend's birthday",
+             "an apology message to a coworker", "a product description for a water bottle",
+             "a welcome message for new club members", "a letter to my future self",
+             "a reminder email about a meeting", "a short review of a favourite book",
+             "a motivational message for a sports team", "an invitation to a board game night"],
+    "phenomenon": ["is the sky blue", "do cats purr", "do we dream", "does bread rise", "do birds migrate",
+                   "does ice float on water", "is the sea salty", "do we get hiccups", "do stars twinkle",
+                   "do onions make people cry", "does the moon change shape", "does metal feel cold"],
+    "thing": ["a good teacher", "a great movie", "a healthy breakfast", "a strong password", "a good leader",
+              "a cozy home", "a fun holiday", "a good night's sleep", "a successful meeting", "a happy life"],
+}
+FREE = [
+    "Tell me a story about {character} who {situation}.",
+    "Write a short story about {character} who {situation}.",
+    "How do I {task}?",
+    "What is the best way to {task}?",
+    "Can you help me {task}?",
+    "What should I bring to {occasion}?",
+    "How should I prepare for {occasion}?",
+    "Write {text}.",
+    "Please write {text}.",
+    "Why {phenomenon}?",
+    "What makes {thing}?",
+    "Describe {thing} in a few sentences.",
+]
 EVAL = [
     "Tell me a short story about a dragon who is afraid of the dark.",
     "How do I make a good first impression at a new job?",
@@ -62,6 +102,12 @@ def main() -> None:
     pairs = [(tpl, t) for tpl in TEMPLATES for t in TOPICS]
     rng.shuffle(pairs)
     train = [tpl.format(t=t) for tpl, t in pairs[:480]]
+    free: set[str] = set()
+    while len(free) < 480:  # of about 500 distinct fillings
+        tpl = rng.choice(FREE)
+        free.add(tpl.format(**{k: rng.choice(v) for k, v in SLOTS.items() if "{" + k + "}" in tpl}))
+    train += sorted(free)
+    rng.shuffle(train)
     assert not set(train) & set(EVAL)
     with (DATA / "chat_train.jsonl").open("w") as f:
         for p in train:

@@ -70,6 +70,15 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | Non
 
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
     cfg.validate()
+    if cfg.drafter != DrafterKind.NONE and cfg.dtype != "float32" and cfg.device == "cpu":
+        # Measured (docs/BENCHMARKS.md, issue 7): in bfloat16 the CPU kernels round a K+1-row verify
+        # differently from a one-row decode, so near-tie argmaxes flip (16 of 20 answers differed).
+        logging.getLogger(__name__).warning(
+            "speculation in %s on CPU: greedy output may differ from plain decoding token for token "
+            "(a K+1-row verify rounds differently from a one-row decode in reduced precision); "
+            "use --dtype float32 for token-identical output",
+            cfg.dtype,
+        )
     if loaded is None:
         loaded = load_model(cfg.model, dtype=_DTYPES[cfg.dtype], cache_dir=cfg.cache_dir)
     runner = ModelRunner(
