@@ -11,15 +11,27 @@ per category and the ratio gateway/server. A gateway request that ends with a
 verification error (see openai_target: re-tokenization, ambiguous strings) is
 counted in ``errors``; its tokens/s are those it produced before the error.
 The gateway's HTTP hop is not included (the back end is driven directly).
+``--no-repack`` starts the server without llama.cpp's extra weight buffer types
+(see _NO_REPACK_LAUNCHER). Cost of this back end on llama-cpp-python: see
+docs/BENCHMARKS.md (its echo path sorts the whole vocabulary in Python for every
+prompt position, every round).
 
 Part B (``--part split``): the embedded Engine vs a RemoteTargetEngine on an
-in-process gRPC target worker (loopback), same model, same drafter, greedy:
-bytes on the wire per verification round (RemoteTargetEngine.wire), mean time
-per round of each and the difference (added latency per round, mean, not p50),
-and end-to-end tokens/s ratio split/embedded.
+in-process gRPC target worker (loopback), same model, same drafter, greedy with
+a fixed K (``--k``, default 4; no adaptive controller), interleaved per prompt
+and repeat: bytes on the wire per verification round (RemoteTargetEngine.wire:
+mean and the largest round), per-round wall time of each arm and the added
+latency of the split deployment (p50), and end-to-end tokens/s ratio
+split/embedded. A round's time is the gap between two consecutive chunks of a
+request (one chunk per round; the first chunk, prefill, is excluded), stamped
+in the engine's sink. Greedy and the same drafter make both arms run the same
+rounds (same drafts, same acceptances): rounds are paired one to one and the
+added latency is the p50 of the paired differences (also reported: p50 split
+minus p50 embedded, and both restricted to rounds that carried a full K drafts).
 
     .venv/bin/python benchmarks/gateway_vs_llamacpp.py --limit 1 --max-tokens 32 --repeats 1   # smoke
     .venv/bin/python benchmarks/gateway_vs_llamacpp.py --max-tokens 128 --repeats 3 --json out.json
+    .venv/bin/python benchmarks/gateway_vs_llamacpp.py --part split --max-tokens 128 --repeats 3
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -41,6 +54,7 @@ from typing import Any
 import httpx
 
 from draftgate.drafters import NgramDrafter, SuffixDrafter
+from draftgate.drafters.base import Draft, Drafter, DraftRequest
 from draftgate.models.loader import load_model, resolve_model_path
 from draftgate.types import SamplingParams
 
@@ -57,9 +71,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_llama_server(gguf: str, threads: int, n_ctx: int) -> tuple[subprocess.Popen[bytes], str]:
+# llama-cpp-python's server has no flag for llama.cpp's ``--no-repack``: load the weights without the
+# extra (repacked / AMX) buffer types by patching the model defaults before the server module runs.
+# Needed where llama.cpp was built with -march=native on a CPU that advertises AMX but faults on its
+# tile instructions (SIGILL in ggml_backend_amx_mul_mat), as in this project's CPU VM.
+_NO_REPACK_LAUNCHER = """
+import runpy, llama_cpp.llama_cpp as c
+_d = c.llama_model_default_params
+def _p():
+    p = _d()
+    p.use_extra_bufts = False
+    return p
+c.llama_model_default_params = _p
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
+def start_llama_server(gguf: str, threads: int, n_ctx: int, no_repack: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+    launch = ["-c", _NO_REPACK_LAUNCHER] if no_repack else ["-m", "llama_cpp.server"]
+    cmd = [sys.executable, *launch, "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
            "--n_threads", str(threads), "--logits_all", "true", "--n_ctx", str(n_ctx)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
@@ -76,18 +107,41 @@ def start_llama_server(gguf: str, threads: int, n_ctx: int) -> tuple[subprocess.
         time.sleep(0.2)
 
 
+class RecordingDrafter:
+    """A drafter that notes how many tokens each proposal carried (one request at a time here)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.lengths: list[int] = []
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = self.inner.propose(requests)
+        self.lengths.extend(len(d.token_ids) for d in out)
+        return out
+
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
+        self.inner.observe(seq_id, tokens, num_drafted, num_accepted)
+
+    def release(self, seq_id: int) -> None:
+        self.inner.release(seq_id)
+
+
 def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str, Any]:
+    """One request; chunk arrival times are stamped in the sink (the engine's thread)."""
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
     t0 = time.perf_counter()
-    engine.submit(ids, params, q.put)
+    engine.submit(ids, params, lambda c: q.put((time.perf_counter(), c)))
     n = 0
     toks: list[int] = []
+    stamps: list[float] = []
     while True:
-        c = q.get(timeout=600)
+        t, c = q.get(timeout=600)
+        stamps.append(t)
         n += len(c.token_ids)
         toks.extend(c.token_ids)
         if c.finish_reason is not None:
-            el = time.perf_counter() - t0
+            el = t - t0
             s = c.stats
             return {
                 "tokens": n,
@@ -97,6 +151,7 @@ def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str,
                 "draft_tokens": getattr(s, "draft_tokens", 0),
                 "accepted_tokens": getattr(s, "accepted_tokens", 0),
                 "token_ids": toks,
+                "round_s": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],  # chunk 0 is the prefill's
             }
 
 
@@ -106,7 +161,7 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
     gguf = str(resolve_model_path(a.model))
     loaded = load_model(a.model)
     tok = loaded.tokenizer
-    proc, url = start_llama_server(gguf, a.threads, a.n_ctx)
+    proc, url = start_llama_server(gguf, a.threads, a.n_ctx, a.no_repack)
     drafter = NgramDrafter() if a.drafter == "ngram" else SuffixDrafter()
     eng = OpenAITargetEngine(url, tok, drafter, k=a.k)
     params = SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True)
@@ -130,6 +185,7 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
                         server_text = r["choices"][0]["text"]
                     else:
                         res = run_engine(eng, ids, params)
+                        res.pop("round_s")
                         res["text"] = tok.decode(res.pop("token_ids"))
                     res.update(who=who, category=p["category"], question_id=p["question_id"], repeat=rep)
                     res["tok_s"] = res["tokens"] / res["seconds"] if res["seconds"] else 0.0
@@ -161,8 +217,21 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "summary": summary}
 
 
+def _p50_ms(xs: list[float]) -> float | None:
+    return round(statistics.median(xs) * 1e3, 3) if xs else None
+
+
+def _ratio(rows: list[dict[str, Any]], rep: int) -> float:
+    """split/embedded tokens/s over one repeat's requests."""
+    tps = {}
+    for who in ("embedded", "split"):
+        rs = [r for r in rows if r["who"] == who and r["repeat"] == rep]
+        tps[who] = sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+    return round(tps["split"] / tps["embedded"], 3)
+
+
 def part_split(a: argparse.Namespace) -> dict[str, Any]:
-    from draftgate.engine import DrafterKind, EngineConfig, build_engine
+    from draftgate.engine import Engine
     from draftgate.models.runner import ModelRunner
     from draftgate.server.rpc.client import RemoteTargetEngine
     from draftgate.server.rpc.host import SessionHost
@@ -170,40 +239,77 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
 
     loaded = load_model(a.model)
     tok = loaded.tokenizer
-    kind = DrafterKind(a.drafter)
-    cfg = EngineConfig(model=a.model, drafter=kind, k=a.k, num_blocks=512, block_size=16)
-    emb = build_engine(cfg, loaded=loaded).start()
+
+    def drafter() -> RecordingDrafter:
+        return RecordingDrafter(NgramDrafter() if a.drafter == "ngram" else SuffixDrafter())
+
+    # Same drafter kind, same fixed K, same KV geometry on both sides; k fixed means no K controller.
+    d_emb, d_split = drafter(), drafter()
+    emb = Engine(ModelRunner(loaded, num_blocks=512, block_size=16), d_emb, k=a.k).start()
     worker = TargetWorkerServer(SessionHost(ModelRunner(loaded, num_blocks=512, block_size=16), a.model)).start()
-    drafter = NgramDrafter() if a.drafter == "ngram" else SuffixDrafter()
-    split = RemoteTargetEngine(["grpc://" + worker.target], tok, drafter, k=a.k).start()
+    split = RemoteTargetEngine(["grpc://" + worker.target], tok, d_split, k=a.k).start()
+    arms = {"embedded": (emb, d_emb), "split": (split, d_split)}
     params = SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True)
+    assert params.greedy
     rows: list[dict[str, Any]] = []
+    rounds: dict[str, list[tuple[float, int]]] = {"embedded": [], "split": []}  # (seconds, drafts carried)
+    paired: list[tuple[float, float, int]] = []  # (embedded s, split s, drafts) for the same round
+    mismatched = 0
     try:
         for rep in range(a.repeats):
             for p in load_prompts(a.limit):
                 ids = tok.encode_chat([{"role": "user", "content": p["turns"][0]}])
                 order = ("embedded", "split") if rep % 2 == 0 else ("split", "embedded")
+                got: dict[str, tuple[list[int], list[tuple[float, int]]]] = {}
                 for who in order:
-                    res = run_engine(emb if who == "embedded" else split, ids, params)
-                    res.pop("token_ids")
+                    eng, rec = arms[who]
+                    rec.lengths.clear()
+                    res = run_engine(eng, ids, params)
+                    # Round i (chunk i) drafted rec.lengths[i - 1]; rounds past the last proposal drafted none.
+                    ks = rec.lengths + [0] * max(0, len(res["round_s"]) - len(rec.lengths))
+                    per = list(zip(res.pop("round_s"), ks, strict=False))
+                    rounds[who].extend(per)
+                    got[who] = (res.pop("token_ids"), per)
                     res.update(who=who, category=p["category"], question_id=p["question_id"], repeat=rep)
                     res["s_per_round"] = res["seconds"] / res["rounds"] if res["rounds"] else None
+                    res["round_ms_p50"] = _p50_ms([t for t, _ in per])
                     rows.append(res)
                     print(json.dumps(res), file=sys.stderr)
+                (te, pe), (ts, ps) = got["embedded"], got["split"]
+                if te == ts and [k for _, k in pe] == [k for _, k in ps]:
+                    paired.extend((x, y, k) for (x, k), (y, _) in zip(pe, ps, strict=True))
+                else:
+                    mismatched += 1  # not the same rounds: left out of the paired figures
         w = split.wire
-        per_round = {who: statistics.median([r["s_per_round"] for r in rows if r["who"] == who and r["s_per_round"]])
-                     for who in ("embedded", "split")}  # fmt: skip
         tok_s = {who: sum(r["tokens"] for r in rows if r["who"] == who) / sum(r["seconds"] for r in rows if r["who"] == who)
                  for who in ("embedded", "split")}  # fmt: skip
+        full = [x for x in paired if x[2] == a.k]
+        all_k = [k for _, k in rounds["split"]]
         summary = {
+            "k": a.k,
+            "greedy": True,
             "wire_rounds": w.rounds,
             "wire_bytes_per_round": round(w.bytes_per_round, 1),
             "wire_max_round_bytes": w.max_round_bytes,
-            "embedded_ms_per_round_median": round(per_round["embedded"] * 1e3, 3),
-            "split_ms_per_round_median": round(per_round["split"] * 1e3, 3),
-            "added_ms_per_round": round((per_round["split"] - per_round["embedded"]) * 1e3, 3),
+            "rounds_measured": {who: len(v) for who, v in rounds.items()},
+            "rounds_with_full_k": sum(1 for k in all_k if k == a.k),
+            "drafts_per_round_mean": round(sum(all_k) / len(all_k), 2) if all_k else 0.0,
+            "embedded_round_ms_p50": _p50_ms([t for t, _ in rounds["embedded"]]),
+            "split_round_ms_p50": _p50_ms([t for t, _ in rounds["split"]]),
+            "added_ms_per_round_p50_paired": _p50_ms([y - x for x, y, _ in paired]),
+            "added_ms_per_round_p50_full_k_paired": _p50_ms([y - x for x, y, _ in full]),
+            "embedded_round_ms_p50_full_k": _p50_ms([x for x, _, _ in full]),
+            "split_round_ms_p50_full_k": _p50_ms([y for _, y, _ in full]),
+            "paired_rounds": len(paired),
+            "paired_full_k_rounds": len(full),
+            "requests_not_paired": mismatched,
+            "added_ms_per_round_mean": round(
+                (sum(r["seconds"] for r in rows if r["who"] == "split") / max(1, sum(r["rounds"] for r in rows if r["who"] == "split"))
+                 - sum(r["seconds"] for r in rows if r["who"] == "embedded") / max(1, sum(r["rounds"] for r in rows if r["who"] == "embedded"))) * 1e3, 3
+            ),  # fmt: skip
             "tok_s": {k: round(v, 2) for k, v in tok_s.items()},
             "split_over_embedded": round(tok_s["split"] / tok_s["embedded"], 3),
+            "split_over_embedded_per_repeat": [_ratio(rows, rep) for rep in range(a.repeats)],
         }
     finally:
         split.shutdown()
@@ -223,6 +329,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp server threads")
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama.cpp server: no extra (repacked/AMX) weight buffers (for CPUs that fault on AMX)")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write all rows and summaries here")
     a = ap.parse_args()
     out: dict[str, Any] = {"args": vars(a) | {"json": str(a.json) if a.json else None}}
