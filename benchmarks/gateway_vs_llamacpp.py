@@ -11,10 +11,8 @@ per category and the ratio gateway/server. A gateway request that ends with a
 verification error (see openai_target: re-tokenization, ambiguous strings) is
 counted in ``errors``; its tokens/s are those it produced before the error.
 The gateway's HTTP hop is not included (the back end is driven directly).
-``--no-repack`` starts the server without llama.cpp's extra weight buffer types
-(see _NO_REPACK_LAUNCHER). Cost of this back end on llama-cpp-python: see
-docs/BENCHMARKS.md (its echo path sorts the whole vocabulary in Python for every
-prompt position, every round).
+Why this back end is slow on llama-cpp-python (its echo path sorts the whole
+vocabulary in Python for every prompt position, every round): docs/BENCHMARKS.md.
 
 Part B (``--part split``): the embedded Engine vs a RemoteTargetEngine on an
 in-process gRPC target worker (loopback), same model, same drafter, greedy with
@@ -71,26 +69,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# llama-cpp-python's server has no flag for llama.cpp's ``--no-repack``: load the weights without the
-# extra (repacked / AMX) buffer types by patching the model defaults before the server module runs.
-# Needed where llama.cpp was built with -march=native on a CPU that advertises AMX but faults on its
-# tile instructions (SIGILL in ggml_backend_amx_mul_mat), as in this project's CPU VM.
-_NO_REPACK_LAUNCHER = """
-import runpy, llama_cpp.llama_cpp as c
-_d = c.llama_model_default_params
-def _p():
-    p = _d()
-    p.use_extra_bufts = False
-    return p
-c.llama_model_default_params = _p
-runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
-"""
-
-
-def start_llama_server(gguf: str, threads: int, n_ctx: int, no_repack: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+def start_llama_server(gguf: str, threads: int, n_ctx: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    launch = ["-c", _NO_REPACK_LAUNCHER] if no_repack else ["-m", "llama_cpp.server"]
-    cmd = [sys.executable, *launch, "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
            "--n_threads", str(threads), "--logits_all", "true", "--n_ctx", str(n_ctx)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
@@ -161,7 +142,7 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
     gguf = str(resolve_model_path(a.model))
     loaded = load_model(a.model)
     tok = loaded.tokenizer
-    proc, url = start_llama_server(gguf, a.threads, a.n_ctx, a.no_repack)
+    proc, url = start_llama_server(gguf, a.threads, a.n_ctx)
     drafter = NgramDrafter() if a.drafter == "ngram" else SuffixDrafter()
     eng = OpenAITargetEngine(url, tok, drafter, k=a.k)
     params = SamplingParams(temperature=0.0, max_new_tokens=a.max_tokens, ignore_eos=True)
@@ -329,8 +310,6 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp server threads")
     ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--no-repack", action="store_true",
-                    help="llama.cpp server: no extra (repacked/AMX) weight buffers (for CPUs that fault on AMX)")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write all rows and summaries here")
     a = ap.parse_args()
     out: dict[str, Any] = {"args": vars(a) | {"json": str(a.json) if a.json else None}}
