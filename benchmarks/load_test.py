@@ -176,10 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-seconds", type=float, default=120.0, help="stop starting requests after this")
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the measured load this many times in one process; RSS after each (a leak keeps growing)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write the report here")
     a = ap.parse_args(argv)
-    if not (1 <= a.requests <= 10_000 and 1 <= a.concurrency <= 512 and 1 <= a.max_tokens <= 4096):
-        print("error: --requests 1..10000, --concurrency 1..512, --max-tokens 1..4096", file=sys.stderr)
+    if not (1 <= a.requests <= 10_000 and 1 <= a.concurrency <= 512 and 1 <= a.max_tokens <= 4096 and 1 <= a.passes <= 20):
+        print("error: --requests 1..10000, --concurrency 1..512, --max-tokens 1..4096, --passes 1..20", file=sys.stderr)
         return 2
 
     loaded = load_model(str(tiny_model_dir()) if a.tiny else a.model)
@@ -192,9 +194,16 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(drive(srv.url, "load", min(4, a.requests), a.concurrency, 4, 60))  # warm-up
             gc.collect()
             rss0 = rss_mib()
-            results, elapsed = asyncio.run(drive(srv.url, "load", a.requests, a.concurrency, a.max_tokens, a.max_seconds))
-            gc.collect()
-            rss1 = rss_mib()
+            results: list[Result] = []
+            elapsed = 0.0
+            rss_after: list[float] = []
+            for _ in range(a.passes):
+                res, el = asyncio.run(drive(srv.url, "load", a.requests, a.concurrency, a.max_tokens, a.max_seconds))
+                results += res
+                elapsed += el
+                gc.collect()
+                rss_after.append(round(rss_mib(), 1))
+            rss1 = rss_after[-1]
             kv = engine.kv_stats()
     finally:
         routes.close()
@@ -204,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": "tiny" if a.tiny else a.model,
         "drafter": a.drafter,
+        "passes": a.passes,
         "requests": len(results),
-        "skipped_by_time_budget": a.requests - len(results),
+        "skipped_by_time_budget": a.requests * a.passes - len(results),
         "concurrency": a.concurrency,
         "errors": len(errors),
         "error_samples": errors[:5],
@@ -219,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         "mean_completion_tokens": round(statistics.mean([r.tokens for r in ok]), 1) if ok else 0.0,
         "rss_before_mib": round(rss0, 1),
         "rss_after_mib": round(rss1, 1),
+        "rss_after_each_pass_mib": rss_after,
+        "kv_blocks_used_after": kv.get("used_blocks", 0),
+        "kv_blocks_cached_after": kv.get("cached_blocks", 0),  # prefix cache (reusable, evictable)
         "kv_sequences_after": kv.get("sequences", 0),
     }
     for k, v in report.items():
