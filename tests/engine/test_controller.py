@@ -9,7 +9,12 @@ from fractions import Fraction
 
 import pytest
 
-from draftgate.engine.controller import AcceptanceTracker, CostModel, GoodputController
+from draftgate.engine.controller import (
+    AcceptancePool,
+    AcceptanceTracker,
+    CostModel,
+    GoodputController,
+)
 
 K_MAX = 8
 
@@ -91,13 +96,21 @@ def test_cost_prior_before_any_measurement() -> None:
     assert cost.draft_time("ngram", 4) == 0.0
 
 
-def test_cost_ema_per_bucket() -> None:
-    cost = CostModel(ema=0.5)
+def test_cost_window_median_per_bucket() -> None:
+    cost = CostModel(window=5)
     cost.observe_forward(4, 1.0)
     assert cost.forward_time(4) == 1.0
     cost.observe_forward(4, 2.0)
     assert cost.forward_time(4) == pytest.approx(1.5)
     assert cost.measured(4) and not cost.measured(3)
+    for t in (1.0, 1.0, 9.0):  # one slow step (another process) does not move the estimate
+        cost.observe_forward(4, t)
+    assert cost.forward_time(4) == 1.0
+    for _ in range(5):  # a lasting change does, within one window
+        cost.observe_forward(4, 3.0)
+    assert cost.forward_time(4) == 3.0
+    with pytest.raises(ValueError):
+        CostModel(window=0)
 
 
 def test_cost_interpolation_extrapolation_and_optimism() -> None:
@@ -253,7 +266,7 @@ def test_high_acceptance_chooses_large_k() -> None:
 
 
 def test_zero_acceptance_settles_then_probes_with_backoff() -> None:
-    ctl = GoodputController(K_MAX, "sim", probe_interval=8, max_probe_interval=128)
+    ctl = GoodputController(K_MAX, "sim", probe_interval=8, max_probe_interval=128, probe_k=K_MAX)
     _, ks, ctl = simulate(0.0, linear, 3000, seed=2, ctl=ctl, cost=measured(linear))
     first_zero = ks.index(0)
     assert first_zero <= 30
@@ -292,7 +305,7 @@ def test_speculation_resumes_after_long_zero_stretch(seed: int) -> None:
 
 def test_surprising_probe_discards_the_stale_window() -> None:
     cost = measured(linear)
-    ctl = GoodputController(K_MAX, "sim", probe_interval=4)
+    ctl = GoodputController(K_MAX, "sim", probe_interval=4, probe_k=K_MAX)
     _, ks, ctl = simulate(0.0, linear, 400, seed=3, ctl=ctl, cost=cost)
     assert ks[-1] == 0 and len(ctl.tracker) > 10
     while (k := ctl.choose_k(cost)) == 0:
@@ -366,3 +379,76 @@ def test_long_run_goodput_vs_fixed_policies(curve, alpha: float, draft) -> None:
         got, _, _ = simulate(alpha, curve, 3000, seed, draft=draft)
         assert got >= 0.95 * best_fixed, (seed, got, best_fixed)
         assert got >= 0.95 * fixed_goodput(alpha, curve, 0)  # never much slower than plain
+
+
+# ------------------------------------------------------------------ pooled prior
+
+
+def test_pool_alphas_follow_rounds_and_decay() -> None:
+    pool = AcceptancePool(4, horizon=16)
+    assert not pool.ready() and pool.alphas() == [0.5] * 4  # nothing pooled: the neutral prior
+    for _ in range(200):
+        pool.record(4, 4)
+    assert pool.ready() and all(a > 0.85 for a in pool.alphas())
+    for _ in range(200):  # the traffic changes: old rounds decay away
+        pool.record(4, 0)
+    a = pool.alphas()
+    assert a[0] < 0.15 and pool.rounds < 17
+    pool.record(0, 0)  # plain rounds carry no evidence
+    assert pool.alphas() == a
+    for bad in ((5, 0), (2, 3), (-1, 0)):
+        with pytest.raises(ValueError):
+            pool.record(*bad)
+    with pytest.raises(ValueError):
+        GoodputController(3, "sim", pool=pool)  # k_max mismatch
+    with pytest.raises(ValueError):
+        AcceptanceTracker(2, prior_alphas=[0.5, 1.5])
+
+
+def _requests(alpha: float, n: int, pool: AcceptancePool | None, cost: CostModel, draft=None) -> tuple[float, list]:
+    """n short requests (40 rounds each) one after another; goodput over all, and each one's Ks."""
+    tokens, seconds, all_ks = 0, 0.0, []
+    for i in range(n):
+        ctl = GoodputController(K_MAX, "sim", pool=pool)
+        g, ks, _ = simulate(alpha, linear, 40, seed=100 + i, ctl=ctl, cost=cost, draft=draft)
+        t = sum(linear(k + 1) + (draft(k) if draft and k else 0.0) for k in ks)
+        tokens, seconds = tokens + g * t, seconds + t
+        all_ks.append(ks)
+    return tokens / seconds, all_ks
+
+
+def test_pool_spares_short_requests_the_relearning() -> None:
+    """A drafter that never hits, an expensive draft: without a pool every short request pays to
+    learn K = 0 and probes long; with one, later requests start at K = 0 and probe with K = 1."""
+    draft = lambda k: 0.2 * k  # noqa: E731
+    alone, _ = _requests(0.0, 12, None, measured(linear), draft)
+    pooled, ks = _requests(0.0, 12, AcceptancePool(K_MAX), measured(linear), draft)
+    plain = 1.0 / linear(1)
+    assert alone < 0.95 * plain  # what each request relearning costs
+    assert pooled >= 0.97 * plain
+    assert all(k == 0 for k in ks[-1][:8])  # starts at plain decoding
+    assert set(ks[-1]) <= {0, 1}  # probes are one draft token
+
+
+def test_pool_starts_good_drafters_at_their_k() -> None:
+    pool = AcceptancePool(K_MAX)
+    _, ks = _requests(0.9, 6, pool, measured(linear))
+    assert ks[-1][0] >= 4  # the first round of a later request already drafts long
+    assert pool.alphas()[0] > 0.8
+
+
+def test_surprise_drops_the_pooled_prior() -> None:
+    """A request unlike the pool (it copies, the pool never hit) recovers after one surprising probe."""
+    cost = measured(linear)
+    pool = AcceptancePool(K_MAX)
+    for _ in range(300):
+        pool.record(2, 0)
+    ctl = GoodputController(K_MAX, "sim", pool=pool, probe_interval=4)
+    assert ctl.choose_k(cost) == 0
+    while (k := ctl.choose_k(cost)) == 0:
+        pass
+    assert k >= 1
+    ctl.record(k, k)  # full acceptance: P < 1% under the pooled prior
+    assert ctl.tracker.prior_alphas is None and len(ctl.tracker) == 1
+    _, ks, _ = simulate(1.0, linear, 30, seed=7, ctl=ctl, cost=cost)
+    assert all(k >= 3 for k in ks[-10:])

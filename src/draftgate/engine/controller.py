@@ -20,11 +20,13 @@ Pure Python, no torch, no I/O; each call is O(K_max) plus a few bisections.
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["AcceptanceTracker", "CostModel", "GoodputController"]
+__all__ = ["AcceptancePool", "AcceptanceTracker", "CostModel", "GoodputController"]
 
 EXACT_BUCKETS: Final = 64  # forward sizes 1..64 each get a cost bucket
 COARSE_PER_DOUBLING: Final = 4  # above that, 4 geometric buckets per doubling of tokens
@@ -32,6 +34,8 @@ PRIOR_SLOPE: Final = 0.25  # cold-start prior: forward_time(n) = 1 + 0.25 * (n -
 NEAR_TIE: Final = 0.02  # goodputs within 2% tie; the smaller K wins (K = 0 included)
 OPTIMISM: Final = 1.5  # posterior sds added to each alpha before K = 0 may be concluded
 SURPRISE: Final = 0.01  # a probe this unlikely under the window's estimates discards the window
+POOL_MIN_ROUNDS: Final = 8.0  # a pool this thin is not yet a prior
+POOL_WEIGHT: Final = 4.0  # a pooled prior counts as this many of the request's own rounds
 
 
 def _prior(n: float) -> float:
@@ -59,8 +63,11 @@ def _check(num_tokens: int, low: int, seconds: float) -> None:
 class CostModel:
     """Measured costs of target forwards and draft calls, shared by one engine.
 
-    Forward time: an EMA per token-count bucket (exact for 1..64 tokens, then
-    geometric buckets, within which time is proportional to tokens). Unmeasured
+    Forward time: the median of the last `window` observations per token-count
+    bucket (exact for 1..64 tokens, then geometric buckets, within which time is
+    proportional to tokens); a median, not a mean, because on a shared machine
+    one slow step must not flip the choice between K = 0 and K = 1, whose costs
+    often differ by only a few percent. Unmeasured
     sizes are interpolated between measured ones; below them the smallest is
     scaled by the prior's shape, above them a fitted line a + b*n (b >= 0)
     extends the largest. optimistic=True prices an unmeasured size like the
@@ -69,11 +76,15 @@ class CostModel:
     overhead + per_token * k, by EMA-weighted regression of (tokens, seconds).
     """
 
-    def __init__(self, ema: float = 0.2) -> None:
+    def __init__(self, ema: float = 0.2, window: int = 15) -> None:
         if not 0.0 < ema <= 1.0:
             raise ValueError(f"ema must be in (0, 1], got {ema!r}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
         self.ema = ema
-        self._fwd: dict[int, float] = {}  # bucket -> EMA seconds (at the bucket's size)
+        self._obs: dict[int, deque[float]] = {}  # bucket -> last `window` seconds (at the bucket's size)
+        self._window = window
+        self._fwd: dict[int, float] = {}  # bucket -> median of _obs[bucket]
         self._keys: list[int] = []  # measured buckets, sorted
         self._prefix_min: list[float] | None = None  # [i]: min time of keys[:i+1]; lazy
         self._slope: float | None = None  # fitted b; lazy
@@ -84,12 +95,12 @@ class CostModel:
         _check(num_tokens, 1, seconds)
         key = _bucket(num_tokens)
         t = seconds * key / num_tokens  # exact buckets: key == num_tokens
-        old = self._fwd.get(key)
-        if old is None:
+        obs = self._obs.get(key)
+        if obs is None:
             insort(self._keys, key)
-            self._fwd[key] = t
-        else:
-            self._fwd[key] = old + self.ema * (t - old)
+            obs = self._obs[key] = deque(maxlen=self._window)
+        obs.append(t)
+        self._fwd[key] = statistics.median(obs)
         self._prefix_min = self._slope = None
 
     def measured(self, n: int) -> bool:
@@ -172,11 +183,17 @@ class AcceptanceTracker:
     1..min(a+1, k) and accepted 1..a. The estimate is
     alpha_i = (accepted_i + w * m_i) / (tried_i + w) with w = prior_weight and
     prior mean m_1 = prior_alpha, m_i = alpha_{i-1}: a position the request
-    rarely reaches inherits the one before it rather than a fixed guess.
+    rarely reaches inherits the one before it rather than a fixed guess. With
+    prior_alphas (e.g. an `AcceptancePool`'s), m_i = prior_alphas[i] instead.
     """
 
     def __init__(
-        self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0
+        self,
+        k_max: int,
+        window: int = 64,
+        prior_alpha: float = 0.5,
+        prior_weight: float = 2.0,
+        prior_alphas: Sequence[float] | None = None,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max!r}")
@@ -186,6 +203,11 @@ class AcceptanceTracker:
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha!r}")
         if not prior_weight > 0.0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
+        if prior_alphas is not None and (
+            len(prior_alphas) != k_max or not all(0.0 <= a <= 1.0 for a in prior_alphas)
+        ):
+            raise ValueError(f"prior_alphas must be {k_max} values in [0, 1], got {prior_alphas!r}")
+        self.prior_alphas = None if prior_alphas is None else list(prior_alphas)
         self.k_max, self.window = k_max, window
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
         self._rounds: deque[tuple[int, int]] = deque()  # (k, accepted), oldest first
@@ -228,6 +250,8 @@ class AcceptanceTracker:
             raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
         out, m, w = [], self.prior_alpha, self.prior_weight
         for i in range(k):
+            if self.prior_alphas is not None:
+                m = self.prior_alphas[i]
             n = self._tried[i] + w
             m = (self._acc[i] + w * m) / n  # the mean, and the next position's prior mean
             out.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (n + 1.0))) if z else m)
@@ -246,6 +270,52 @@ class AcceptanceTracker:
         return math.prod(self.alphas(m))
 
 
+class AcceptancePool:
+    """One drafter's acceptance pooled over all requests of an engine: where new requests start.
+
+    Per-position tried/accepted counts like `AcceptanceTracker`'s, decayed by
+    (1 - 1/horizon) per recorded round so the pool follows the traffic. A new
+    request's controller takes `alphas()` as its prior (a drafter that never
+    hits starts at K = 0 instead of relearning it per request) and sizes its
+    probes by them. Not locked: callers record under their own lock.
+    """
+
+    def __init__(self, k_max: int, horizon: int = 256) -> None:
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max!r}")
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon!r}")
+        self.k_max = k_max
+        self._decay = 1.0 - 1.0 / horizon
+        self._tried = [0.0] * k_max
+        self._acc = [0.0] * k_max
+        self.rounds = 0.0  # decayed count of recorded rounds
+
+    def record(self, k: int, accepted: int) -> None:
+        """A verified round of any request drafted k and kept `accepted` (k == 0: ignored)."""
+        if not 0 <= accepted <= k <= self.k_max:
+            raise ValueError(f"need 0 <= accepted <= k <= {self.k_max}, got k={k!r}, accepted={accepted!r}")
+        if k == 0:
+            return
+        d = self._decay
+        self.rounds = self.rounds * d + 1.0
+        for i in range(self.k_max):
+            self._tried[i] = self._tried[i] * d + (1.0 if i < min(accepted + 1, k) else 0.0)
+            self._acc[i] = self._acc[i] * d + (1.0 if i < accepted else 0.0)
+
+    def ready(self) -> bool:
+        """Whether enough rounds were pooled to serve as a prior."""
+        return self.rounds >= POOL_MIN_ROUNDS
+
+    def alphas(self, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> list[float]:
+        """Pooled alpha_1..alpha_k_max, smoothed like `AcceptanceTracker.alphas`."""
+        out, m = [], prior_alpha
+        for tried, acc in zip(self._tried, self._acc, strict=True):
+            m = (acc + prior_weight * m) / (tried + prior_weight)
+            out.append(m)
+        return out
+
+
 def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
     out, total, run = [], 1.0, 1.0
     for a, step in zip(alphas, steps, strict=True):
@@ -261,10 +331,16 @@ class GoodputController:
     K > 0 is the best expected goodput (near-ties to the smaller K). Plain
     decoding (K = 0) needs even optimistic alphas (mean + 1.5 sd) to lose, so a
     bad-luck streak cannot park the request where only probes refresh the
-    estimates. At K = 0 it drafts `probe_k` (default k_max) once after
-    `probe_interval` zero rounds; a probe confirming K = 0 doubles the interval
-    (up to max_probe_interval), any win for speculation resets it, and a probe
-    far better than the window predicts (P < 1%) discards the stale window.
+    estimates. At K = 0 it drafts `probe_k` once after `probe_interval` zero
+    rounds; a probe confirming K = 0 doubles the interval (up to
+    max_probe_interval), any win for speculation resets it, and a probe far
+    better than the window predicts (P < 1%) discards the stale window.
+
+    With a `pool` (one per engine and drafter) the request starts from the
+    pooled alphas instead of a fixed prior, and feeds its rounds back. The
+    default probe_k is the K that would be best at those prior alphas (at least
+    1): a cheap drafter that pays when it hits probes long, an expensive one
+    that rarely hits probes short, so probing costs little where it finds little.
     """
 
     def __init__(
@@ -275,16 +351,21 @@ class GoodputController:
         max_probe_interval: int = 128,
         probe_k: int | None = None,
         window: int = 64,
+        pool: AcceptancePool | None = None,
     ) -> None:
         if not 1 <= probe_interval <= max_probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
-        self.tracker = AcceptanceTracker(k_max, window=window)  # validates k_max and window
-        probe_k = k_max if probe_k is None else probe_k
-        if k_max > 0 and not 1 <= probe_k <= k_max:
+        if pool is not None and pool.k_max != k_max:
+            raise ValueError(f"pool is for k_max={pool.k_max}, controller has k_max={k_max}")
+        prior = pool.alphas() if pool is not None and pool.ready() else None
+        self.tracker = AcceptanceTracker(  # validates k_max and window
+            k_max, window=window, prior_weight=POOL_WEIGHT if prior else 2.0, prior_alphas=prior
+        )
+        if probe_k is not None and k_max > 0 and not 1 <= probe_k <= k_max:
             raise ValueError(f"probe_k must be in [1, {k_max}], got {probe_k!r}")
-        self.k_max, self.drafter = k_max, drafter
+        self.k_max, self.drafter, self.pool = k_max, drafter, pool
         self.probe_interval, self.max_probe_interval = probe_interval, max_probe_interval
-        self.probe_k = probe_k if k_max > 0 else 0
+        self.probe_k = probe_k if k_max > 0 else 0  # None: sized at each probe
         self.interval = probe_interval  # current back-off interval
         self.last_k = 0
         self.probes = 0
@@ -306,7 +387,7 @@ class GoodputController:
         elif self.k_max > 0 and self._zero_run >= self.interval:
             self._zero_run, self._probing, self._probe_seen = 0, True, False
             self.probes += 1
-            k = self.probe_k
+            k = self.probe_k or self._probe_size(cost, other_tokens)
         else:
             self._zero_run += 1
         self.last_k = k
@@ -338,11 +419,26 @@ class GoodputController:
         """Outcome of the round: k drafts verified, the first `accepted` kept (k == 0: ignored)."""
         if k == 0:
             return
+        if self.pool is not None:
+            self.pool.record(k, accepted)
         if self._probing and not self._probe_seen:
             self._probe_seen = True
             if self.tracker.prob_at_least(accepted) < SURPRISE:
-                self.tracker.clear()  # the window predates a change: start again from the probe
+                # the window (and any pooled prior) predates a change: start again from the probe
+                self.tracker = AcceptanceTracker(self.k_max, window=self.tracker.window)
         self.tracker.record(k, accepted)
+
+    def _probe_size(self, cost: CostModel, other_tokens: int) -> int:
+        """K that is best at the prior alphas (pooled, else the tracker's prior), at least 1."""
+        prior = self.tracker.prior_alphas
+        alphas = prior if prior is not None else [self.tracker.prior_alpha] * self.k_max
+        plain = other_tokens + 1
+        steps = [
+            cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
+            for k in range(1, self.k_max + 1)
+        ]
+        goodputs = _goodputs(alphas, steps)
+        return goodputs.index(max(goodputs)) + 1
 
     def snapshot(self) -> dict[str, object]:
         """Small stats view: alphas, back-off interval, last K, probes so far."""

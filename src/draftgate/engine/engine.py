@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine.controller import CostModel, GoodputController
+from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import speculative_step, target_choice
@@ -81,6 +81,7 @@ class Engine(Frontend):
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.cost = CostModel()
+        self.acceptance = AcceptancePool(self.k_max)  # new requests start from it
         self.stats = SpecStats(drafter=drafter.name if drafter else "none")
         self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
         self._waiting: deque[_Req] = deque()
@@ -143,7 +144,7 @@ class Engine(Frontend):
         seq.stats.drafter = self.stats.drafter
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
-            ctl = GoodputController(self.k_max, self.drafter.name)
+            ctl = GoodputController(self.k_max, self.drafter.name, pool=self.acceptance)
         req = _Req(seq, sink, ctl, need, _Detok(seq.stop), speculate=speculate)
         self._inbox.put(req)
         self._wake.set()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from draftgate.drafters.base import Draft, Drafter, DraftRequest
-from draftgate.engine.controller import CostModel, GoodputController
+from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.engine import _Detok  # shared with Engine
 from draftgate.engine.frontend import Chunk, Frontend
 from draftgate.engine.sequence import StopChecker
@@ -130,6 +130,7 @@ class RemoteTargetEngine(Frontend):
         self.health_interval_s = health_interval_s
         self.pool = WorkerPool(targets, retry_s=retry_s, min_vocab=tokenizer.vocab_size)
         self.cost = CostModel()
+        self.acceptance = AcceptancePool(self.k_max)  # new requests start from it
         self.stats = SpecStats(drafter=drafter.name if drafter else "none")
         self.wire = WireStats()
         self.speculation_enabled = drafter is not None
@@ -186,7 +187,7 @@ class RemoteTargetEngine(Frontend):
             params = replace(params, seed=random.getrandbits(62))
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
-            ctl = GoodputController(self.k_max, self.drafter.name)
+            ctl = GoodputController(self.k_max, self.drafter.name, pool=self.acceptance)
         r = _Req(list(prompt_ids), params, sink, _Detok(StopChecker(self.tokenizer, params)), ctl)
         r.stats.drafter = self.stats.drafter
         self.start()
@@ -337,8 +338,8 @@ class RemoteTargetEngine(Frontend):
             self.stats.record_round(k, a, a + 1)
             self.stats.draft_time_s += draft_s
             self.stats.verify_time_s += rtt
-        if r.controller is not None and k:
-            r.controller.record(k, a)
+            if r.controller is not None and k:
+                r.controller.record(k, a)  # under the lock: it feeds the shared acceptance pool
         self._take(r, resp)
         if k and self.drafter is not None and not r.finished:
             self._draft_pool.submit(_quiet, self.drafter.observe, r.seq_id, tuple(r.history), k, a)
