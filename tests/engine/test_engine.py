@@ -456,6 +456,44 @@ def test_tiny_jagged_acceptance_rollback_equals_plain(
     assert accepted >= {0, 1, k}, f"rollback offsets not all exercised: {sorted(accepted)}"
 
 
+class EveryOtherDrafter(OracleDrafter):
+    """The oracle, but it proposes nothing on every other call (as after a plain round)."""
+
+    name = "every-other"
+
+    def __init__(self, refs: Sequence[list[int]]) -> None:
+        super().__init__(refs)
+        self.calls = 0
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            return [Draft(token_ids=[]) for _ in requests]
+        return super().propose(requests)
+
+
+@pytest.mark.parametrize("every_other", [False, True])
+def test_only_steady_state_draft_calls_are_priced(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], every_other: bool
+) -> None:
+    """A draft call right after a round that drafted nothing includes the drafter's catch-up:
+    the cost model must not price k by it (a model drafter would be priced out for good)."""
+    base = make_tiny(DrafterKind.NONE, max_batch=1)
+    refs = [TINY_PROMPTS[0] + tiny_plain["greedy"][0]]
+    drafter = EveryOtherDrafter(refs) if every_other else OracleDrafter(refs)
+    eng = engine_with(base, drafter, k=2)
+    priced: list[int] = []
+    observe = eng.cost.observe_draft
+    eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
+    with running(eng):
+        (res,) = run_batch(eng, TINY_PROMPTS[:1], TINY_SETTINGS["greedy"])
+    assert res.token_ids == tiny_plain["greedy"][0]
+    drafting_rounds = sum(1 for d, _ in drafter.rounds if d)
+    assert drafting_rounds >= 3
+    # every round drafts: all but the first are priced; every other round drafts: none is
+    assert len(priced) == (0 if every_other else drafting_rounds - 1)
+
+
 # ------------------------------------------------------------------ stop rules
 
 

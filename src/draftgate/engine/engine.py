@@ -42,6 +42,7 @@ class _Req:
     started: bool = False
     drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
+    drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
 
 
 @dataclass
@@ -253,8 +254,14 @@ class Engine(Frontend):
             return
         self.cost.observe_forward(res.forward_tokens, res.forward_s)
         drafted_total = sum(res.drafted)
-        if drafted_total and self.drafter is not None:
+        # Only steady-state calls price a draft: after plain rounds a model drafter first
+        # catches up on the tokens it missed, a cost of not drafting, not of k; counted
+        # per k it would price drafting out for good (probes would only confirm it).
+        steady = all(r.drafted_last for r, k in zip(batch, res.drafted, strict=True) if k)
+        if drafted_total and self.drafter is not None and steady:
             self.cost.observe_draft(self.drafter.name, drafted_total, res.draft_s)
+        for r, k in zip(batch, res.drafted, strict=True):
+            r.drafted_last = k > 0
         with self._lock:
             for r, k, a, failed in zip(batch, res.drafted, res.accepted, res.draft_failed, strict=True):
                 r.seq.stats.record_round(k, a, a + 1)

@@ -93,6 +93,7 @@ class _Req:
     output: list[int] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)
     drafter_failed: bool = False
+    drafted_last: bool = False  # the previous round drafted (no catch-up in this one's draft time)
     opened: bool = False
     finished: bool = False
     task: asyncio.Task[None] | None = None
@@ -324,8 +325,9 @@ class RemoteTargetEngine(Frontend):
         if a > k or len(resp.tokens) > a + 1 or (not resp.tokens and not resp.finish_reason):
             raise RemoteError(grpc.StatusCode.INTERNAL, f"malformed round answer ({len(resp.tokens)} tokens, {a} accepted of {k})")
         self.cost.observe_forward(k + 1, rtt)
-        if k and self.drafter is not None:
+        if k and self.drafter is not None and r.drafted_last:  # steady state only, see Engine._step
             self.cost.observe_draft(self.drafter.name, k, draft_s)
+        r.drafted_last = k > 0
         r.stats.record_round(k, a, a + 1)
         r.stats.draft_time_s += draft_s
         r.stats.verify_time_s += rtt
