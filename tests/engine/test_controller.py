@@ -150,6 +150,17 @@ def test_cost_draft_overhead_plus_per_token() -> None:
     assert single.draft_time("other", 2) == 0.0
 
 
+def test_cost_draft_outlier_does_not_price_drafting_out() -> None:
+    """auto drafts by lookup (~0.1 ms) until its model draft first prefills the prompt (~0.5 s)."""
+    cost = CostModel(window=15)
+    for _ in range(10):
+        cost.observe_draft("auto", 8, 0.0001)
+    cost.observe_draft("auto", 8, 0.6)
+    assert cost.draft_time("auto", 8) == pytest.approx(0.0001)
+    cost.observe_draft("auto", 1, 0.6)  # a lone slow call at another size
+    assert cost.draft_time("auto", 4) < 0.6
+
+
 @pytest.mark.parametrize(("n", "seconds"), [(0, 1.0), (1, -1.0), (1, math.nan), (1, math.inf)])
 def test_cost_rejects_bad_observations(n: int, seconds: float) -> None:
     with pytest.raises(ValueError):

@@ -67,28 +67,29 @@ class CostModel:
     bucket (exact for 1..64 tokens, then geometric buckets, within which time is
     proportional to tokens); a median, not a mean, because on a shared machine
     one slow step must not flip the choice between K = 0 and K = 1, whose costs
-    often differ by only a few percent. Unmeasured
-    sizes are interpolated between measured ones; below them the smallest is
-    scaled by the prior's shape, above them a fitted line a + b*n (b >= 0)
-    extends the largest. optimistic=True prices an unmeasured size like the
-    cheapest measured smaller one (proportionally less below all): a longer
-    forward may cost less, and only running it tells. Draft time per drafter:
-    overhead + per_token * k, by EMA-weighted regression of (tokens, seconds).
+    often differ by only a few percent. Unmeasured sizes are interpolated
+    between measured ones; below them the smallest is scaled by the prior's
+    shape, above them a fitted line a + b*n (b >= 0) extends the largest.
+    optimistic=True prices an unmeasured size like the cheapest measured
+    smaller one (proportionally less below all): a longer forward may cost
+    less, and only running it tells. Draft time per drafter and k: the median
+    of the last `window` calls that drafted k; other k from a line (overhead +
+    per-token * k) through those medians. Medians again: one call that also
+    prefilled the drafter (auto switching to its model draft) must not price
+    drafting out, since a priced-out drafter is never measured again.
     """
 
-    def __init__(self, ema: float = 0.2, window: int = 15) -> None:
-        if not 0.0 < ema <= 1.0:
-            raise ValueError(f"ema must be in (0, 1], got {ema!r}")
+    def __init__(self, window: int = 15) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
-        self.ema = ema
         self._obs: dict[int, deque[float]] = {}  # bucket -> last `window` seconds (at the bucket's size)
         self._window = window
         self._fwd: dict[int, float] = {}  # bucket -> median of _obs[bucket]
         self._keys: list[int] = []  # measured buckets, sorted
         self._prefix_min: list[float] | None = None  # [i]: min time of keys[:i+1]; lazy
         self._slope: float | None = None  # fitted b; lazy
-        self._draft: dict[str, list[float]] = {}  # drafter -> EMA of [n, t, n*n, n*t]
+        self._draft: dict[str, dict[int, deque[float]]] = {}  # drafter -> k -> last `window` seconds
+        self._draft_fit: dict[str, tuple[float, float]] = {}  # drafter -> (overhead, per-token); lazy
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
         """One target forward over num_tokens tokens in total (all sequences) took seconds."""
@@ -150,30 +151,43 @@ class CostModel:
     def observe_draft(self, drafter: str, num_tokens: int, seconds: float) -> None:
         """One call of drafter that proposed num_tokens tokens took seconds."""
         _check(num_tokens, 0, seconds)
-        x = (float(num_tokens), seconds, float(num_tokens) ** 2, num_tokens * seconds)
-        m = self._draft.get(drafter)
-        if m is None:
-            self._draft[drafter] = list(x)
-            return
-        for j in range(4):
-            m[j] += self.ema * (x[j] - m[j])
+        per_k = self._draft.setdefault(drafter, {})
+        obs = per_k.get(num_tokens)
+        if obs is None:
+            obs = per_k[num_tokens] = deque(maxlen=self._window)
+        obs.append(seconds)
+        self._draft_fit.pop(drafter, None)
 
     def draft_time(self, drafter: str, k: int) -> float:
         """Estimated seconds for drafter to propose k tokens; 0 for k == 0 or before any call."""
-        m = self._draft.get(drafter)
-        if k <= 0 or m is None:
+        per_k = self._draft.get(drafter)
+        if k <= 0 or not per_k:
             return 0.0
-        mn, mt, mnn, mnt = m
-        var = mnn - mn * mn
-        if var < 0.25:  # (nearly) one size seen: overhead and per-token cost are confounded
-            return mt * k / mn if mn >= 0.5 else mt  # per-token: the safe guess for models
-        slope = (mnt - mn * mt) / var
-        overhead = mt - slope * mn
-        if slope < 0.0:
-            slope, overhead = 0.0, mt
-        elif overhead < 0.0:
-            slope, overhead = mt / mn, 0.0
+        obs = per_k.get(k)
+        if obs is not None:
+            return statistics.median(obs)
+        fit = self._draft_fit.get(drafter)
+        if fit is None:
+            fit = self._draft_fit[drafter] = self._fit_draft(per_k)
+        overhead, slope = fit
         return overhead + slope * k
+
+    @staticmethod
+    def _fit_draft(per_k: dict[int, deque[float]]) -> tuple[float, float]:
+        """(overhead, per-token) through the per-size medians; one size: per-token (safe for models)."""
+        pts = [(float(n), statistics.median(d)) for n, d in per_k.items()]
+        if len(pts) == 1:
+            n, t = pts[0]
+            return (0.0, t / n) if n >= 1 else (t, 0.0)
+        mx = sum(n for n, _ in pts) / len(pts)
+        mt = sum(t for _, t in pts) / len(pts)
+        slope = sum((n - mx) * (t - mt) for n, t in pts) / sum((n - mx) ** 2 for n, _ in pts)
+        if slope < 0.0:
+            return mt, 0.0
+        overhead = mt - slope * mx
+        if overhead < 0.0:
+            return 0.0, mt / mx
+        return overhead, slope
 
 
 class AcceptanceTracker:
