@@ -23,7 +23,6 @@ import math
 import statistics
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
 from typing import Final
 
 __all__ = ["AcceptancePool", "AcceptanceTracker", "CostModel", "GoodputController"]
@@ -197,8 +196,7 @@ class AcceptanceTracker:
     1..min(a+1, k) and accepted 1..a. The estimate is
     alpha_i = (accepted_i + w * m_i) / (tried_i + w) with w = prior_weight and
     prior mean m_1 = prior_alpha, m_i = alpha_{i-1}: a position the request
-    rarely reaches inherits the one before it rather than a fixed guess. With
-    prior_alphas (e.g. an `AcceptancePool`'s), m_i = prior_alphas[i] instead.
+    rarely reaches inherits the one before it rather than a fixed guess.
     """
 
     def __init__(
@@ -207,7 +205,6 @@ class AcceptanceTracker:
         window: int = 64,
         prior_alpha: float = 0.5,
         prior_weight: float = 2.0,
-        prior_alphas: Sequence[float] | None = None,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max!r}")
@@ -217,11 +214,6 @@ class AcceptanceTracker:
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha!r}")
         if not prior_weight > 0.0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
-        if prior_alphas is not None and (
-            len(prior_alphas) != k_max or not all(0.0 <= a <= 1.0 for a in prior_alphas)
-        ):
-            raise ValueError(f"prior_alphas must be {k_max} values in [0, 1], got {prior_alphas!r}")
-        self.prior_alphas = None if prior_alphas is None else list(prior_alphas)
         self.k_max, self.window = k_max, window
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
         self._rounds: deque[tuple[int, int]] = deque()  # (k, accepted), oldest first
@@ -264,8 +256,6 @@ class AcceptanceTracker:
             raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
         out, m, w = [], self.prior_alpha, self.prior_weight
         for i in range(k):
-            if self.prior_alphas is not None:
-                m = self.prior_alphas[i]
             n = self._tried[i] + w
             m = (self._acc[i] + w * m) / n  # the mean, and the next position's prior mean
             out.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (n + 1.0))) if z else m)
@@ -289,9 +279,9 @@ class AcceptancePool:
 
     Per-position tried/accepted counts like `AcceptanceTracker`'s, decayed by
     (1 - 1/horizon) per recorded round so the pool follows the traffic. A new
-    request's controller takes `alphas()` as its prior (a drafter that never
+    request's controller takes its alpha_1 as the prior (a drafter that never
     hits starts at K = 0 instead of relearning it per request) and sizes its
-    probes by them. Not locked: callers record under their own lock.
+    probes by it. Not locked: callers record under their own lock.
     """
 
     def __init__(self, k_max: int, horizon: int = 256) -> None:
@@ -351,9 +341,8 @@ class GoodputController:
     better than the window predicts (P < 1%) discards the stale window.
 
     With a `pool` (one per engine and drafter) the request starts from the
-    pooled alphas instead of a fixed prior, and feeds its rounds back. The
-    default probe_k is the K that would be best at those prior alphas (at least
-    1): a cheap drafter that pays when it hits probes long, an expensive one
+    pooled alpha_1 instead of a fixed prior, and feeds its rounds back. The
+    default probe_k is the K that would be best at that prior (at least 1): a cheap drafter that pays when it hits probes long, an expensive one
     that rarely hits probes short, so probing costs little where it finds little.
     """
 
@@ -371,9 +360,15 @@ class GoodputController:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
         if pool is not None and pool.k_max != k_max:
             raise ValueError(f"pool is for k_max={pool.k_max}, controller has k_max={k_max}")
-        prior = pool.alphas() if pool is not None and pool.ready() else None
+        # Only the pooled alpha_1 is the prior: later positions chain from the request's own
+        # alpha_1. A pool filled by grounded requests (n-gram: alpha_2.. ~0.9) would otherwise
+        # make every open-chat request explore long drafts, each wrong one a (K+1)-row verify.
+        prior = pool.alphas()[0] if pool is not None and pool.ready() and k_max > 0 else None
         self.tracker = AcceptanceTracker(  # validates k_max and window
-            k_max, window=window, prior_weight=POOL_WEIGHT if prior else 2.0, prior_alphas=prior
+            k_max,
+            window=window,
+            prior_alpha=0.5 if prior is None else prior,
+            prior_weight=2.0 if prior is None else POOL_WEIGHT,
         )
         if probe_k is not None and k_max > 0 and not 1 <= probe_k <= k_max:
             raise ValueError(f"probe_k must be in [1, {k_max}], got {probe_k!r}")
@@ -443,9 +438,8 @@ class GoodputController:
         self.tracker.record(k, accepted)
 
     def _probe_size(self, cost: CostModel, other_tokens: int) -> int:
-        """K that is best at the prior alphas (pooled, else the tracker's prior), at least 1."""
-        prior = self.tracker.prior_alphas
-        alphas = prior if prior is not None else [self.tracker.prior_alpha] * self.k_max
+        """K that is best at the prior alpha (pooled, else the neutral one), at least 1."""
+        alphas = [self.tracker.prior_alpha] * self.k_max  # an empty window's alphas
         plain = other_tokens + 1
         steps = [
             cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
