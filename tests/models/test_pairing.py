@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftgate.models.llama import VOCAB_SUBSET_KEY
-from draftgate.models.loader import LoadedModel, load_model
+from draftgate.models.loader import LoadedModel, load_model, load_model_info
 from draftgate.models.pairing import Finding, PairReport, check_pair
 from pair_support import make_variant, swapped_vocab_draft
 
@@ -17,8 +17,12 @@ TINY_TEMPLATE_TAIL = "{% if add_generation_prompt %}{{ bos_token }}assistant\n{%
 
 
 def _pair(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path, **edits: Any) -> PairReport:
-    draft = load_model(str(make_variant(tiny_model_dir, tmp_path / "draft", **edits)))
-    return check_pair(tiny_model, draft)
+    folder = str(make_variant(tiny_model_dir, tmp_path / "draft", **edits))
+    report = check_pair(tiny_model, load_model(folder))
+    # `draftgate check-pair` reads config, tokenizer and subset ids only: the same findings
+    info = check_pair(load_model_info(str(tiny_model_dir)), load_model_info(folder))
+    assert info.findings == report.findings
+    return report
 
 
 def _only(report: PairReport) -> Finding:
@@ -169,10 +173,23 @@ def test_report_json_lists_every_finding(tiny_model: LoadedModel, tiny_model_dir
     assert [(f["severity"], f["check"]) for f in js["findings"]] == [("error", "vocab"), ("warning", "context")]
 
 
+def test_info_load_holds_no_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    info = load_model_info(str(tiny_model_dir))
+    assert info.weights == {} and info.config == load_model(str(tiny_model_dir)).config
+    sub = make_variant(tiny_model_dir, tmp_path / "s", weights=_subset_weights(list(range(40))))
+    assert list(load_model_info(str(sub)).weights) == [VOCAB_SUBSET_KEY]
+
+
 @pytest.mark.real_model
-def test_real_model_against_tiny_tokenizer(real_model: LoadedModel, tiny_model: LoadedModel) -> None:
+def test_real_model_against_tiny_tokenizer(
+    real_model: LoadedModel, tiny_model: LoadedModel, tiny_model_dir: Path
+) -> None:
     report = check_pair(real_model, tiny_model)
     assert not report.ok
+    # the GGUF read for metadata only (what `draftgate check-pair` does) finds the same
+    info = load_model_info("smollm2-135m")
+    assert info.weights == {} and info.config.vocab_size == real_model.config.vocab_size
+    assert check_pair(info, load_model_info(str(tiny_model_dir))).findings == report.findings
     assert [f.check for f in report.errors] == ["vocab", "vocab_width"]
     assert "target 49152 tokens, draft 96" in report.errors[0].reason
     assert check_pair(real_model, real_model).ok

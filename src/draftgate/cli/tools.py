@@ -91,12 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_check_pair(a: argparse.Namespace) -> int:
-    from draftgate.models.loader import load_model
+    from draftgate.models.loader import load_model_info
     from draftgate.models.pairing import check_pair
 
     cache = a.cache_dir or default_cache_dir()
-    target = load_model(a.target, cache_dir=cache)
-    draft = load_model(a.draft, cache_dir=cache)
+    target = load_model_info(a.target, cache_dir=cache)  # config, tokenizer, subset ids: no weights
+    draft = load_model_info(a.draft, cache_dir=cache)
     report = check_pair(target, draft, a.target, a.draft)
     if a.json:
         print(json.dumps(report.to_json()))

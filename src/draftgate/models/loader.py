@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
@@ -88,7 +89,38 @@ def load_model(
 # ----------------------------------------------------------------------- HF folders
 
 
-def _load_hf_folder(folder: Path) -> LoadedModel:
+def load_model_info(name_or_path: str, cache_dir: Path | None = None) -> LoadedModel:
+    """Config, tokenizer and the vocabulary-subset ids only, without the weights.
+
+    Enough for `check_pair` (a 70B pair is checked in seconds, not after loading
+    140 GB); `weights` holds at most VOCAB_SUBSET_KEY.
+    """
+    path = resolve_model_path(name_or_path)
+    try:
+        if path.is_dir():
+            config, tok, files = _hf_config_and_tokenizer(path)
+            weights: dict[str, torch.Tensor] = {}
+            for f in files:
+                with safe_open(str(f), framework="pt") as sf:
+                    if VOCAB_SUBSET_KEY in sf.keys():
+                        weights[VOCAB_SUBSET_KEY] = sf.get_tensor(VOCAB_SUBSET_KEY)
+            return LoadedModel(config, weights, tok, path)
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: not a .gguf file or a folder with config.json")
+        cached = _cache_file(path, cache_dir)
+        meta = cached.with_suffix(".json") if cached is not None else None
+        fields = json.loads(meta.read_text()) if meta is not None and meta.is_file() else gguf_fields(_open_gguf(path))
+        tok = TextTokenizer.from_gguf_fields(fields)
+        config = replace(gguf_config(fields, path), eos_token_ids=tok.eos_ids)
+        return LoadedModel(config, {}, tok, path, gguf_path=path)
+    except ModelLoadError:
+        raise
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+
+
+def _hf_config_and_tokenizer(folder: Path) -> tuple[ModelConfig, TextTokenizer, list[Path]]:
+    """config.json (+ generation_config.json's eos ids) and tokenizer.json; the weight files."""
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise ModelLoadError(f"{folder}: no config.json (an HF model folder needs config.json + *.safetensors)")
@@ -97,10 +129,6 @@ def _load_hf_folder(folder: Path) -> LoadedModel:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weights found")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        for k, v in load_file(str(f)).items():
-            weights[k] = v.float() if v.is_floating_point() else v
     if not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(f"{folder}: no tokenizer.json")
     gen_cfg = folder / "generation_config.json"
@@ -109,7 +137,15 @@ def _load_hf_folder(folder: Path) -> LoadedModel:
         e = json.loads(gen_cfg.read_text()).get("eos_token_id")
         extra_eos = e if isinstance(e, list) else ([e] if e is not None else [])
     tok = TextTokenizer.from_hf_folder(folder, eos_ids=[*config.eos_token_ids, *extra_eos])
-    config = replace(config, eos_token_ids=tok.eos_ids)
+    return replace(config, eos_token_ids=tok.eos_ids), tok, files
+
+
+def _load_hf_folder(folder: Path) -> LoadedModel:
+    config, tok, files = _hf_config_and_tokenizer(folder)
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            weights[k] = v.float() if v.is_floating_point() else v
     _check_weights(config, weights, folder)
     return LoadedModel(config, weights, tok, folder)
 
