@@ -397,16 +397,16 @@ def test_long_run_goodput_vs_fixed_policies(curve, alpha: float, draft) -> None:
 
 def test_pool_alphas_follow_rounds_and_decay() -> None:
     pool = AcceptancePool(4, horizon=16)
-    assert not pool.ready() and pool.alphas() == [0.5] * 4  # nothing pooled: the neutral prior
+    assert not pool.ready() and pool.alpha() == 0.5  # nothing pooled: the neutral prior
     for _ in range(200):
         pool.record(4, 4)
-    assert pool.ready() and all(a > 0.85 for a in pool.alphas())
+    assert pool.ready() and pool.alpha() > 0.85
     for _ in range(200):  # the traffic changes: old rounds decay away
         pool.record(4, 0)
-    a = pool.alphas()
-    assert a[0] < 0.15 and pool.rounds < 17
+    a = pool.alpha()
+    assert a < 0.15 and pool.rounds < 17
     pool.record(0, 0)  # plain rounds carry no evidence
-    assert pool.alphas() == a
+    assert pool.alpha() == a
     for bad in ((5, 0), (2, 3), (-1, 0)):
         with pytest.raises(ValueError):
             pool.record(*bad)
@@ -443,7 +443,7 @@ def test_pool_starts_good_drafters_at_their_k() -> None:
     pool = AcceptancePool(K_MAX)
     _, ks = _requests(0.9, 6, pool, measured(linear))
     assert ks[-1][0] >= 4  # the first round of a later request already drafts long
-    assert pool.alphas()[0] > 0.8
+    assert pool.alpha() > 0.8
 
 
 def test_surprise_drops_the_pooled_prior() -> None:

@@ -200,11 +200,7 @@ class AcceptanceTracker:
     """
 
     def __init__(
-        self,
-        k_max: int,
-        window: int = 64,
-        prior_alpha: float = 0.5,
-        prior_weight: float = 2.0,
+        self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max!r}")
@@ -275,13 +271,14 @@ class AcceptanceTracker:
 
 
 class AcceptancePool:
-    """One drafter's acceptance pooled over all requests of an engine: where new requests start.
+    """One drafter's first-draft acceptance pooled over all requests of an engine.
 
-    Per-position tried/accepted counts like `AcceptanceTracker`'s, decayed by
+    Rounds that tried draft 1 and rounds that accepted it, decayed by
     (1 - 1/horizon) per recorded round so the pool follows the traffic. A new
-    request's controller takes its alpha_1 as the prior (a drafter that never
-    hits starts at K = 0 instead of relearning it per request) and sizes its
-    probes by it. Not locked: callers record under their own lock.
+    request's controller takes `alpha()` as its alpha_1 prior (a drafter that
+    never hits starts at K = 0 instead of relearning it per request) and sizes
+    its probes by it; later positions chain from the request's own alpha_1.
+    Not locked: callers record under their own lock.
     """
 
     def __init__(self, k_max: int, horizon: int = 256) -> None:
@@ -291,9 +288,8 @@ class AcceptancePool:
             raise ValueError(f"horizon must be >= 1, got {horizon!r}")
         self.k_max = k_max
         self._decay = 1.0 - 1.0 / horizon
-        self._tried = [0.0] * k_max
-        self._acc = [0.0] * k_max
-        self.rounds = 0.0  # decayed count of recorded rounds
+        self.rounds = 0.0  # decayed count of rounds that drafted (each tried draft 1)
+        self._accepted = 0.0  # decayed count of rounds that accepted draft 1
 
     def record(self, k: int, accepted: int) -> None:
         """A verified round of any request drafted k and kept `accepted` (k == 0: ignored)."""
@@ -301,23 +297,16 @@ class AcceptancePool:
             raise ValueError(f"need 0 <= accepted <= k <= {self.k_max}, got k={k!r}, accepted={accepted!r}")
         if k == 0:
             return
-        d = self._decay
-        self.rounds = self.rounds * d + 1.0
-        for i in range(self.k_max):
-            self._tried[i] = self._tried[i] * d + (1.0 if i < min(accepted + 1, k) else 0.0)
-            self._acc[i] = self._acc[i] * d + (1.0 if i < accepted else 0.0)
+        self.rounds = self.rounds * self._decay + 1.0
+        self._accepted = self._accepted * self._decay + (1.0 if accepted else 0.0)
 
     def ready(self) -> bool:
         """Whether enough rounds were pooled to serve as a prior."""
         return self.rounds >= POOL_MIN_ROUNDS
 
-    def alphas(self, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> list[float]:
-        """Pooled alpha_1..alpha_k_max, smoothed like `AcceptanceTracker.alphas`."""
-        out, m = [], prior_alpha
-        for tried, acc in zip(self._tried, self._acc, strict=True):
-            m = (acc + prior_weight * m) / (tried + prior_weight)
-            out.append(m)
-        return out
+    def alpha(self, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> float:
+        """Pooled alpha_1, smoothed like `AcceptanceTracker.alphas`."""
+        return (self._accepted + prior_weight * prior_alpha) / (self.rounds + prior_weight)
 
 
 def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
@@ -342,8 +331,9 @@ class GoodputController:
 
     With a `pool` (one per engine and drafter) the request starts from the
     pooled alpha_1 instead of a fixed prior, and feeds its rounds back. The
-    default probe_k is the K that would be best at that prior (at least 1): a cheap drafter that pays when it hits probes long, an expensive one
-    that rarely hits probes short, so probing costs little where it finds little.
+    default probe_k is the K that would be best at that prior (at least 1): a
+    cheap drafter that pays when it hits probes long, an expensive one that
+    rarely hits probes short, so probing costs little where it finds little.
     """
 
     def __init__(
@@ -360,10 +350,10 @@ class GoodputController:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
         if pool is not None and pool.k_max != k_max:
             raise ValueError(f"pool is for k_max={pool.k_max}, controller has k_max={k_max}")
-        # Only the pooled alpha_1 is the prior: later positions chain from the request's own
-        # alpha_1. A pool filled by grounded requests (n-gram: alpha_2.. ~0.9) would otherwise
-        # make every open-chat request explore long drafts, each wrong one a (K+1)-row verify.
-        prior = pool.alphas()[0] if pool is not None and pool.ready() and k_max > 0 else None
+        # Only alpha_1 is pooled: later positions chain from the request's own alpha_1. Pooled
+        # alpha_2.. (n-gram: ~0.9, learned on grounded requests) made every open-chat request
+        # explore long drafts, each wrong one a (K+1)-row verify.
+        prior = pool.alpha() if pool is not None and pool.ready() and k_max > 0 else None
         self.tracker = AcceptanceTracker(  # validates k_max and window
             k_max,
             window=window,
@@ -408,10 +398,7 @@ class GoodputController:
         # 1. Expected goodput per K; unmeasured forward sizes priced optimistically.
         plain = other_tokens + 1
         bar = _rate(1.0, cost.forward_time(plain, optimistic=True)) * (1.0 + NEAR_TIE)
-        steps = [
-            cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
-            for k in range(1, self.k_max + 1)
-        ]
+        steps = self._step_times(cost, other_tokens)
         mean = _goodputs(self.tracker.alphas(), steps)
         best = max(mean)
         if best >= bar:
@@ -440,13 +427,16 @@ class GoodputController:
     def _probe_size(self, cost: CostModel, other_tokens: int) -> int:
         """K that is best at the prior alpha (pooled, else the neutral one), at least 1."""
         alphas = [self.tracker.prior_alpha] * self.k_max  # an empty window's alphas
+        goodputs = _goodputs(alphas, self._step_times(cost, other_tokens))
+        return goodputs.index(max(goodputs)) + 1
+
+    def _step_times(self, cost: CostModel, other_tokens: int) -> list[float]:
+        """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic)."""
         plain = other_tokens + 1
-        steps = [
+        return [
             cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
             for k in range(1, self.k_max + 1)
         ]
-        goodputs = _goodputs(alphas, steps)
-        return goodputs.index(max(goodputs)) + 1
 
     def snapshot(self) -> dict[str, object]:
         """Small stats view: alphas, back-off interval, last K, probes so far."""
