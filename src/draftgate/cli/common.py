@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
 from draftgate.engine.config import DrafterKind, EngineConfig
+from draftgate.paths import default_cache_dir
 from draftgate.types import SamplingParams
 
 __all__ = ["port_arg", "add_engine_args", "add_sampling_args", "engine_config", "sampling_params", "default_cache_dir"]
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "draftgate"
 
 
 def port_arg(v: str) -> int:

@@ -6,10 +6,12 @@ each sequence's context from the paged cache by flat slot index; the slots
 are written at absolute positions, so rolling back a sequence is only a
 bookkeeping change (the runner's ``truncate``) and never touches tensors.
 
-Weights are stored for fast small-M matmuls on CPU: decoding multiplies 1..K+1
-rows by each weight, where a pre-transposed contiguous ``x @ Wt`` runs about
-twice as fast as ``F.linear`` (measured in ../docs/BENCHMARKS.md). The tied
-lm_head keeps both layouts because from 4 rows up ``F.linear`` wins.
+This is the PyTorch implementation: the one used on CUDA, and on CPU with
+``--kernels torch``. CPU decoding uses ``native_llama.NativeLlama`` by default
+(faster, and batch invariant by construction). Here batch invariance holds by
+observation only: the CPU weights are stored for fast small-M matmuls (a
+pre-transposed contiguous ``x @ Wt`` for 1..3 rows, ``F.linear`` for the tied
+lm_head from 4 rows up), and those are different kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from draftgate.models.batch import RaggedBatch
 from draftgate.models.config import ModelConfig, rope_inv_freq
 
 __all__ = ["VOCAB_SUBSET_KEY", "LlamaModel", "AttentionLayout", "KVCache"]
@@ -45,13 +48,9 @@ class AttentionLayout:
     logit_rows: torch.Tensor  # [R] int64 rows of the flat batch whose logits are wanted
 
     @classmethod
-    def build(
-        cls,
-        new_lens: list[int],
-        ctx_slots: list[list[int]],
-        logits_per_seq: list[int],
-        device: torch.device,
-    ) -> AttentionLayout:
+    def build(cls, batch: RaggedBatch, device: torch.device) -> AttentionLayout:
+        new_lens, logits_per_seq = batch.new_lens, batch.logits_per_seq
+        ctx_slots = [batch.slots(b) for b in range(len(new_lens))]
         B = len(new_lens)
         ctx_lens = [len(s) for s in ctx_slots]
         positions: list[int] = []
@@ -166,8 +165,10 @@ class LlamaModel:
         return w * xf.to(x.dtype)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, layout: AttentionLayout, kv: KVCache) -> torch.Tensor:
-        """tokens [N] int64 -> logits [R, V] float32 for layout.logit_rows."""
+    def forward(self, batch: RaggedBatch, kv: KVCache) -> torch.Tensor:
+        """logits [R, V] float32 for the batch's logit rows."""
+        layout = AttentionLayout.build(batch, self.device)
+        tokens = torch.tensor(batch.tokens, dtype=torch.int64, device=self.device)  # [N]
         cfg = self.cfg
         N = tokens.shape[0]
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -1,21 +1,44 @@
 """ModelRunner: the Target contract on our own model (prefill, ragged forward, truncate, free).
 
 The runner is the only owner of KV tensors. Bookkeeping (which slots a sequence
-owns, rollback, prefix sharing) is delegated to ``draftgate.kv.KVManager``.
+owns, rollback, prefix sharing) is delegated to ``draftgate.kv.KVManager``. The
+forward itself is one of two implementations of the same model (``Kernels``):
+the native CPU kernels (default on CPU) or PyTorch's (CUDA, or by choice).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from draftgate.kv import KVManager
-from draftgate.models.llama import AttentionLayout, KVCache, LlamaModel
+from draftgate.models.batch import RaggedBatch
+from draftgate.models.llama import KVCache, LlamaModel
 from draftgate.models.loader import LoadedModel
+from draftgate.models.native import load_library
+from draftgate.models.native_llama import NATIVE_DTYPES, NativeKVCache, NativeLlama
+from draftgate.paths import default_cache_dir
 
-__all__ = ["ModelRunner", "ForwardItem"]
+__all__ = ["ModelRunner", "ForwardItem", "Kernels"]
+
+
+class Kernels(str, enum.Enum):
+    """Which implementation runs the forward."""
+
+    AUTO = "auto"  # native on CPU (float32, bfloat16, float16 weights), torch on CUDA
+    NATIVE = "native"  # models/native: batch invariant by construction, CPU only
+    TORCH = "torch"  # PyTorch ops: any device; batch invariance by observation only on CPU
+
+    def resolve(self, device: torch.device, dtype: torch.dtype) -> Kernels:
+        if self is not Kernels.AUTO:
+            if self is Kernels.NATIVE and device.type != "cpu":
+                raise ValueError(f"--kernels native runs on the CPU only, not on {device}")
+            return self
+        return Kernels.NATIVE if device.type == "cpu" and dtype in NATIVE_DTYPES else Kernels.TORCH
 
 
 @dataclass(frozen=True)
@@ -35,13 +58,26 @@ class ModelRunner:
         num_blocks: int = 1024,
         block_size: int = 16,
         enable_prefix_cache: bool = True,
+        kernels: Kernels = Kernels.AUTO,
+        build_dir: Path | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.model = LlamaModel(loaded.config, loaded.weights, self.device)
+        dtype = loaded.weights["model.embed_tokens.weight"].dtype
+        self.kernels = Kernels(kernels).resolve(self.device, dtype)
+        num_slots = num_blocks * block_size
+        self.model: NativeLlama | LlamaModel
+        self.cache: NativeKVCache | KVCache
+        if self.kernels is Kernels.NATIVE:
+            lib = load_library(build_dir or default_cache_dir())  # NativeUnavailable says what to do
+            self.model = NativeLlama(loaded.config, loaded.weights, lib)
+            self.cache = NativeKVCache(loaded.config, num_slots)
+        else:
+            self.model = LlamaModel(loaded.config, loaded.weights, self.device)
+            self.cache = KVCache.allocate(loaded.config, num_slots, self.model.dtype, self.device)
+        self.dtype = dtype
         self.kv = KVManager(num_blocks, block_size, enable_prefix_cache=enable_prefix_cache)
-        self.cache = KVCache.allocate(loaded.config, num_blocks * block_size, self.model.dtype, self.device)
         self.block_size = block_size
 
     @property
@@ -90,15 +126,15 @@ class ModelRunner:
                 reserved.append((it.seq_id, len(it.tokens)))
                 for c in copies:
                     self.cache.copy_block(c.src, c.dst, self.block_size)
-            layout = AttentionLayout.build(
-                [len(it.tokens) for it in items],
-                [self.kv.slot_mapping(it.seq_id) for it in items],
-                [it.num_logits for it in items],
-                self.device,
+            batch = RaggedBatch(
+                tokens=[t for it in items for t in it.tokens],
+                new_lens=[len(it.tokens) for it in items],
+                ctx_lens=[self.kv.length(it.seq_id) for it in items],
+                logits_per_seq=[it.num_logits for it in items],
+                block_tables=[self.kv.block_table(it.seq_id) for it in items],
+                block_size=self.block_size,
             )
-            flat = [t for it in items for t in it.tokens]
-            tokens = torch.tensor(flat, dtype=torch.int64, device=self.device)  # [N]
-            logits = self.model.forward(tokens, layout, self.cache)  # [R, V]
+            logits = self.model.forward(batch, self.cache)  # type: ignore[arg-type]  # [R, V]
         except BaseException:
             # Reserved slots the forward did not (fully) write must not stay in the
             # sequence: a later step would attend to their stale KV.

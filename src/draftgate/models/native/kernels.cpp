@@ -1,0 +1,402 @@
+// The native Llama forward (RMSNorm, RoPE, GQA attention over the paged KV cache, SwiGLU) for
+// CPU decoding: one call runs every layer of one ragged batch, on the pool's threads.
+//
+// Batch invariance: every phase computes a row's values from that row's inputs only, with a
+// reduction order fixed by the model's shapes and the row's own position (gemm.h for the
+// products; attention reduces over the row's keys 0..pos in order). The logits of a position are
+// therefore bitwise the same however many rows or sequences share the pass.
+//
+// C ABI (ctypes): handles are opaque pointers; arrays are raw pointers to contiguous tensors
+// owned by the caller. Shapes: N new rows, B sequences, R logit rows.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gemm.h"
+#include "pool.h"
+#include "simd.h"
+
+namespace dg {
+
+struct Layer {
+  const float* attn_norm = nullptr;  // [C]
+  const float* ffn_norm = nullptr;   // [C]
+  Packed *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
+};
+
+struct Model {
+  int L, C, H, Hkv, D, F;
+  float eps;
+  std::vector<float> inv_freq;  // [D/2]
+  std::vector<Layer> layers;
+  const float* final_norm = nullptr;  // [C]
+  Packed* head = nullptr;             // [Vout, C]
+  const void* embed = nullptr;        // [V, C] row-major, or null: rows of the packed head (tied)
+  int embed_dtype = F32;
+  int vocab = 0;  // rows of the embedding: token ids must be below it
+};
+
+struct Batch {  // one ragged forward, as the runner describes it
+  int N;
+  const int64_t* tokens;     // [N]
+  const int64_t* positions;  // [N] absolute position of each row
+  const int32_t* row_seq;    // [N] sequence index of each row
+  const int32_t* tables;     // block tables of the B sequences, concatenated
+  const int64_t* table_off;  // [B+1] start of sequence b's table in `tables`
+  int block_size;
+  float* kc;  // [L, slots, Hkv, D]
+  float* vc;  // [L, slots, Hkv, D]
+  int64_t layer_stride;  // slots * Hkv * D
+  int R;
+  const int64_t* logit_rows;  // [R]
+  float* logits;              // [R, Vout]
+};
+
+static std::mutex g_pool_mu;
+static std::unique_ptr<Pool> g_pool;
+
+static Pool& pool() {
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  if (!g_pool) g_pool.reset(new Pool(int(std::thread::hardware_concurrency()), 200));
+  return *g_pool;
+}
+
+static inline void rows_of(int n, int tid, int nt, int* a, int* b) {
+  *a = int(int64_t(n) * tid / nt);
+  *b = int(int64_t(n) * (tid + 1) / nt);
+}
+
+static void rmsnorm_row(const float* x, const float* w, int C, float eps, float* out) {
+  int c = 0;
+  V acc = vzero();
+  for (; c + VL <= C; c += VL) {
+    V v = vload(x + c);
+    acc = vfma(v, v, acc);
+  }
+  float ss = vsum(acc);
+  for (; c < C; c++) ss += x[c] * x[c];
+  float inv = 1.0f / std::sqrt(ss / float(C) + eps);
+  for (c = 0; c + VL <= C; c += VL) vstore(out + c, vmul(vload(w + c), vmul(vload(x + c), vset1(inv))));
+  for (; c < C; c++) out[c] = w[c] * (x[c] * inv);
+}
+
+static inline float dot(const float* a, const float* b, int n) {
+  int i = 0;
+  V acc = vzero();
+  for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), vload(b + i), acc);
+  float s = vsum(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+// Flat KV slot of every position of each sequence, up to the longest context a row reads.
+static std::vector<std::vector<int64_t>> slot_lists(const Batch& bt, int B) {
+  std::vector<int64_t> len(B, 0);
+  for (int i = 0; i < bt.N; i++) len[bt.row_seq[i]] = std::max<int64_t>(len[bt.row_seq[i]], bt.positions[i] + 1);
+  std::vector<std::vector<int64_t>> out(B);
+  for (int b = 0; b < B; b++) {
+    const int32_t* table = bt.tables + bt.table_off[b];
+    out[b].resize(size_t(len[b]));
+    for (int64_t j = 0; j < len[b]; j++) out[b][j] = int64_t(table[j / bt.block_size]) * bt.block_size + j % bt.block_size;
+  }
+  return out;
+}
+
+// Rotate q and k of row i in place and write its k, v into the cache.
+static void rope_and_store(const Model& m, const Batch& bt, int li, float* qkv_row, int64_t slot, const float* cs,
+                           const float* sn) {
+  int D = m.D, half = D / 2;
+  for (int h = 0; h < m.H + m.Hkv; h++) {
+    float* v = qkv_row + h * D;
+    for (int c = 0; c < half; c++) {
+      float x1 = v[c], x2 = v[c + half];
+      v[c] = x1 * cs[c] - x2 * sn[c];
+      v[c + half] = x2 * cs[c] + x1 * sn[c];
+    }
+  }
+  size_t off = size_t(li) * bt.layer_stride + size_t(slot) * m.Hkv * D;
+  std::memcpy(bt.kc + off, qkv_row + m.H * D, sizeof(float) * m.Hkv * D);
+  std::memcpy(bt.vc + off, qkv_row + (m.H + m.Hkv) * D, sizeof(float) * m.Hkv * D);
+}
+
+// out[D] = softmax(q . k_j / sqrt(D), j = 0..S-1) @ v_j for one row and one query head whose
+// kv head is g; slots[j] is the cache slot of position j. The order of every sum depends on S only.
+static void attend(const Model& m, const Batch& bt, int li, const float* q, int64_t S, const int64_t* slots,
+                   int g, float* scores, float* out) {
+  const int D = m.D;
+  const size_t row = size_t(m.Hkv) * D;
+  const float* kc = bt.kc + size_t(li) * bt.layer_stride + size_t(g) * D;
+  const float* vc = bt.vc + size_t(li) * bt.layer_stride + size_t(g) * D;
+  const float scale = 1.0f / std::sqrt(float(D));
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < S; j++) {
+    float s = dot(q, kc + size_t(slots[j]) * row, D) * scale;
+    scores[j] = s;
+    mx = s > mx ? s : mx;
+  }
+  int64_t j = 0;
+  V vs = vzero(), vm = vset1(mx);
+  for (; j + VL <= S; j += VL) {
+    V e = vexp(vsub(vload(scores + j), vm));
+    vstore(scores + j, e);
+    vs = vadd(vs, e);
+  }
+  float sum = vsum(vs);
+  for (; j < S; j++) {
+    scores[j] = sexp(scores[j] - mx);
+    sum += scores[j];
+  }
+  constexpr int DV_MAX = 256 / VL;  // head_dim up to 256 in registers
+  if (D % VL == 0 && D / VL <= DV_MAX) {
+    V acc[DV_MAX];
+    const int nd = D / VL;
+    for (int c = 0; c < nd; c++) acc[c] = vzero();
+    for (j = 0; j < S; j++) {
+      const float* v = vc + size_t(slots[j]) * row;
+      V p = vset1(scores[j]);
+      for (int c = 0; c < nd; c++) acc[c] = vfma(p, vload(v + c * VL), acc[c]);
+    }
+    V inv = vset1(1.0f / sum);
+    for (int c = 0; c < nd; c++) vstore(out + c * VL, vmul(acc[c], inv));
+    return;
+  }
+  for (int c = 0; c < D; c++) out[c] = 0.0f;
+  for (j = 0; j < S; j++) {
+    const float* v = vc + size_t(slots[j]) * row;
+    for (int c = 0; c < D; c++) out[c] = out[c] + scores[j] * v[c];
+  }
+  float inv = 1.0f / sum;
+  for (int c = 0; c < D; c++) out[c] = out[c] * inv;
+}
+
+static void silu_mul(const float* gu, int F, float* out) {  // gu = [gate | up], out = silu(gate) * up
+  int c = 0;
+  V one = vset1(1.0f), zero = vzero();
+  for (; c + VL <= F; c += VL) {
+    V g = vload(gu + c);
+    V s = vdiv(g, vadd(one, vexp(vsub(zero, g))));
+    vstore(out + c, vmul(s, vload(gu + F + c)));
+  }
+  for (; c < F; c++) {
+    float g = gu[c];
+    out[c] = (g / (1.0f + sexp(-g))) * gu[F + c];
+  }
+}
+
+static void embed_row(const Model& m, int64_t tok, float* out) {
+  if (m.embed == nullptr) {
+    unpack_row(m.head, int(tok), out);
+  } else {
+    for (int c = 0; c < m.C; c++) out[c] = to_f32(m.embed, m.embed_dtype, size_t(tok) * m.C + c);
+  }
+}
+
+// Wall time per phase on thread 0 (each phase ends at a barrier), for `dg_profile`.
+enum Phase { P_EMBED, P_NORM, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_ACT, P_DOWN, P_HEAD, P_COUNT };
+static std::atomic<bool> g_prof_on{false};
+static double g_prof[P_COUNT];
+
+struct PhaseClock {
+  bool on;
+  std::chrono::steady_clock::time_point t;
+  explicit PhaseClock(bool on_) : on(on_), t(std::chrono::steady_clock::now()) {}
+  void lap(Phase p) {
+    if (!on) return;
+    auto now = std::chrono::steady_clock::now();
+    g_prof[p] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+};
+
+static void forward(const Model& m, const Batch& bt, int B) {
+  const int N = bt.N, C = m.C, D = m.D, F = m.F, H = m.H, half = D / 2;
+  const int ldq = (m.H + 2 * m.Hkv) * D;
+  int64_t max_ctx = 1;
+  for (int i = 0; i < N; i++) max_ctx = std::max<int64_t>(max_ctx, bt.positions[i] + 1);
+  std::vector<float> x(size_t(N) * C), h(size_t(N) * C), qkv(size_t(N) * ldq), attn(size_t(N) * H * D);
+  std::vector<float> gu(size_t(N) * 2 * F), act(size_t(N) * F), cs(size_t(N) * half), sn(size_t(N) * half);
+  std::vector<float> hf(size_t(bt.R) * C);
+  const auto slots = slot_lists(bt, B);
+  Pool& P = pool();
+  Barrier team(P.size());
+  std::vector<std::vector<float>> scratch(P.size(), std::vector<float>(size_t(max_ctx)));
+
+  P.run([&](int tid, int nt) {
+    Barrier solo(1);  // the pool was busy and this thread runs the whole job
+    Barrier& B = nt == 1 ? solo : team;
+    PhaseClock clk(tid == 0 && g_prof_on.load(std::memory_order_relaxed));
+    int a, b;
+    rows_of(N, tid, nt, &a, &b);
+    for (int i = a; i < b; i++) {
+      embed_row(m, bt.tokens[i], &x[size_t(i) * C]);
+      for (int c = 0; c < half; c++) {
+        float ang = float(bt.positions[i]) * m.inv_freq[c];
+        cs[size_t(i) * half + c] = std::cos(ang);
+        sn[size_t(i) * half + c] = std::sin(ang);
+      }
+    }
+    B.wait();
+    clk.lap(P_EMBED);
+    for (int li = 0; li < m.L; li++) {
+      const Layer& Ly = m.layers[li];
+      for (int i = a; i < b; i++) rmsnorm_row(&x[size_t(i) * C], Ly.attn_norm, C, m.eps, &h[size_t(i) * C]);
+      B.wait();
+      clk.lap(P_NORM);
+      gemm(Ly.qkv, h.data(), N, C, qkv.data(), ldq, false, tid, nt);
+      B.wait();
+      clk.lap(P_QKV);
+      for (int i = a; i < b; i++) {
+        int64_t slot = slots[bt.row_seq[i]][bt.positions[i]];
+        rope_and_store(m, bt, li, &qkv[size_t(i) * ldq], slot, &cs[size_t(i) * half], &sn[size_t(i) * half]);
+      }
+      B.wait();
+      clk.lap(P_ROPE);
+      for (int item = tid; item < N * H; item += nt) {  // cyclic: long and short rows interleave
+        int i = item / H, hh = item % H;
+        attend(m, bt, li, &qkv[size_t(i) * ldq + size_t(hh) * D], bt.positions[i] + 1,
+               slots[bt.row_seq[i]].data(), hh / (H / m.Hkv), scratch[tid].data(),
+               &attn[size_t(i) * H * D + size_t(hh) * D]);
+      }
+      B.wait();
+      clk.lap(P_ATTN);
+      gemm(Ly.o, attn.data(), N, H * D, x.data(), C, true, tid, nt);
+      B.wait();
+      clk.lap(P_O);
+      for (int i = a; i < b; i++) rmsnorm_row(&x[size_t(i) * C], Ly.ffn_norm, C, m.eps, &h[size_t(i) * C]);
+      B.wait();
+      clk.lap(P_NORM);
+      gemm(Ly.gate_up, h.data(), N, C, gu.data(), 2 * F, false, tid, nt);
+      B.wait();
+      clk.lap(P_GATE_UP);
+      for (int i = a; i < b; i++) silu_mul(&gu[size_t(i) * 2 * F], F, &act[size_t(i) * F]);
+      B.wait();
+      clk.lap(P_ACT);
+      gemm(Ly.down, act.data(), N, F, x.data(), C, true, tid, nt);
+      B.wait();
+      clk.lap(P_DOWN);
+    }
+    int ra, rb;
+    rows_of(bt.R, tid, nt, &ra, &rb);
+    for (int r = ra; r < rb; r++)
+      rmsnorm_row(&x[size_t(bt.logit_rows[r]) * C], m.final_norm, C, m.eps, &hf[size_t(r) * C]);
+    B.wait();
+    gemm(m.head, hf.data(), bt.R, C, bt.logits, m.head->N, false, tid, nt);
+    clk.lap(P_HEAD);
+  });
+}
+
+}  // namespace dg
+
+using namespace dg;
+
+static thread_local std::string g_error;
+
+// Return codes of the C functions: 0 ok, 1 failure, 2 an index out of range (a bad token id).
+template <typename Fn>
+static int guarded(Fn&& fn) {  // no C++ exception may cross the C ABI
+  try {
+    fn();
+    return 0;
+  } catch (const std::out_of_range& e) {
+    g_error = e.what();
+    return 2;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+  } catch (...) {
+    g_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+extern "C" {
+
+const char* dg_isa() { return isa_name(); }
+
+const char* dg_last_error() { return g_error.c_str(); }
+
+void dg_set_threads(int n, int spin_us) {
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  g_pool.reset(new Pool(n, spin_us));
+}
+
+int dg_threads() { return pool().size(); }
+
+void* dg_pack(const void* w, int dtype, int N, int K) {
+  Packed* p = nullptr;
+  guarded([&] { p = pack(w, dtype, N, K); });
+  return p;
+}
+
+void dg_packed_free(void* p) {
+  auto* pk = static_cast<Packed*>(p);
+  std::free(pk->data);
+  delete pk;
+}
+
+int64_t dg_packed_bytes(const void* p) {
+  auto* pk = static_cast<const Packed*>(p);
+  return int64_t(pk->tiles) * NR * pk->K * int64_t(pk->elem());
+}
+
+// y[M, N] = x[M, K] @ W^T (add != 0: y += ...), on the pool.
+int dg_linear(const void* w, const float* x, int M, float* y, int add) {
+  auto* p = static_cast<const Packed*>(w);
+  return guarded([&] { pool().run([&](int tid, int nt) { gemm(p, x, M, p->K, y, p->N, add != 0, tid, nt); }); });
+}
+
+void* dg_model_new(int L, int C, int H, int Hkv, int D, int F, float eps, const float* inv_freq) {
+  auto* m = new Model{L, C, H, Hkv, D, F, eps, std::vector<float>(inv_freq, inv_freq + D / 2), {}, nullptr,
+                      nullptr, nullptr, F32, 0};
+  m->layers.resize(L);
+  return m;
+}
+
+void dg_model_set_layer(void* mp, int i, const float* attn_norm, const float* ffn_norm, void* qkv, void* o,
+                        void* gate_up, void* down) {
+  auto* m = static_cast<Model*>(mp);
+  m->layers[i] = Layer{attn_norm, ffn_norm, static_cast<Packed*>(qkv), static_cast<Packed*>(o),
+                       static_cast<Packed*>(gate_up), static_cast<Packed*>(down)};
+}
+
+void dg_model_set_head(void* mp, const float* final_norm, void* head, const void* embed, int embed_dtype,
+                       int vocab) {
+  auto* m = static_cast<Model*>(mp);
+  m->final_norm = final_norm;
+  m->head = static_cast<Packed*>(head);
+  m->embed = embed;
+  m->embed_dtype = embed_dtype;
+  m->vocab = vocab;
+}
+
+void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
+
+int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq, int B,
+               const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
+               int64_t layer_stride, int R, const int64_t* logit_rows, float* logits) {
+  const Model& m = *static_cast<Model*>(mp);
+  return guarded([&] {
+    for (int i = 0; i < N; i++)
+      if (tokens[i] < 0 || tokens[i] >= m.vocab)
+        throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                                std::to_string(m.vocab) + ")");
+    Batch bt{N, tokens, positions, row_seq, tables, table_off, block_size, kc, vc, layer_stride, R, logit_rows, logits};
+    forward(m, bt, B);
+  });
+}
+
+// Phase profile: enable (1) / disable (0) and reset; read the seconds per phase into out[P_COUNT].
+int dg_profile(int enable, double* out) {
+  if (out != nullptr)
+    for (int p = 0; p < P_COUNT; p++) out[p] = g_prof[p];
+  for (int p = 0; p < P_COUNT; p++) g_prof[p] = 0.0;
+  g_prof_on.store(enable != 0);
+  return P_COUNT;
+}
+
+}  // extern "C"

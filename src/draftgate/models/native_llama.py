@@ -1,0 +1,163 @@
+"""The Llama forward on the native CPU kernels (``models/native``): weights packed once, one call per pass.
+
+Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md, issue 12):
+- a K+1-row pass over MKL's GEMM cost 1.5-2.7x a one-row pass, where decoding is memory-bound
+  and more rows over the same weights should cost little; the native products stream each
+  weight once for up to 24 rows, with software prefetch so the FMAs hide under the stream;
+- a forward run from any thread but the one whose OpenMP team came first paid a futex wake-up
+  per parallel region (47 instead of 25 ms per token); the native pool does not use OpenMP;
+- batch invariance held by observation only (different kernels for 1, 2-3 and >= 4 rows); here
+  every value is computed by a reduction whose order depends on the model's shapes and the row's
+  own position only, so a position's logits are bitwise the same alone, in a K+1-row verify and
+  in a ragged batch (tests/models/test_invariance.py checks it on the real model).
+
+Weights may be stored as float32, bfloat16 or float16; activations, the KV cache and every sum
+are float32, so reduced-precision weights keep the same invariance (speculation stays exact
+against plain decoding of the same weights).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from draftgate.models.batch import RaggedBatch
+from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.llama import VOCAB_SUBSET_KEY
+from draftgate.models.native.build import NativeLib
+
+__all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "profile"]
+
+# Weight storage formats the kernels read (compute is float32 either way).
+NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+class NativeKVCache:
+    """float32 K and V, [L, num_slots, H_kv, D] each (flat slot = block * block_size + offset)."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int) -> None:
+        shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.float32)
+        self.v = torch.zeros(shape, dtype=torch.float32)
+
+    def copy_block(self, src: int, dst: int, block_size: int) -> None:
+        s, d = src * block_size, dst * block_size
+        self.k[:, d : d + block_size] = self.k[:, s : s + block_size]
+        self.v[:, d : d + block_size] = self.v[:, s : s + block_size]
+
+
+def _i64(x: list[int]) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int64)
+
+
+class NativeLlama:
+    """Packed weights and the native forward. Holds no per-request state: KV lives in a NativeKVCache."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib) -> None:
+        self.cfg = cfg
+        self.lib = lib
+        c = lib.cdll
+        embed = weights["model.embed_tokens.weight"]  # [V, C]
+        if embed.dtype not in NATIVE_DTYPES:
+            raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {embed.dtype}")
+        self.dtype = embed.dtype
+        self._keep: list[torch.Tensor] = []  # tensors the C side points into
+        self._packed: list[int] = []
+        inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]
+        self._model = c.dg_model_new(
+            cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.rms_norm_eps, inv_freq.data_ptr(),
+        )  # fmt: skip
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])  # [(H+2Hkv)*D, C]
+            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])  # [2F, C]
+            c.dg_model_set_layer(
+                self._model, i,
+                self._f32(weights[p + "input_layernorm.weight"]).data_ptr(),
+                self._f32(weights[p + "post_attention_layernorm.weight"]).data_ptr(),
+                self._pack(qkv), self._pack(weights[p + "self_attn.o_proj.weight"]),
+                self._pack(gate_up), self._pack(weights[p + "mlp.down_proj.weight"]),
+            )  # fmt: skip
+        # A distilled draft may predict a vocabulary subset: head [Vs, C], out_ids [Vs] -> token ids.
+        self.out_ids: torch.Tensor | None = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
+        head = embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", embed)
+        tied = head is embed
+        self.head_rows = head.shape[0]
+        embed_ptr = None
+        if not tied:  # the embedding is read row by row; a tied one is read from the packed head
+            embed_ptr = self._keep_tensor(embed.contiguous()).data_ptr()
+        c.dg_model_set_head(
+            self._model, self._f32(weights["model.norm.weight"]).data_ptr(), self._pack(head),
+            embed_ptr, NATIVE_DTYPES[embed.dtype], embed.shape[0],
+        )  # fmt: skip
+        weakref.finalize(self, _free, c, self._model, list(self._packed))
+
+    @property
+    def packed_bytes(self) -> int:
+        return sum(int(self.lib.cdll.dg_packed_bytes(p)) for p in self._packed)
+
+    def _keep_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        self._keep.append(t)
+        return t
+
+    def _f32(self, t: torch.Tensor) -> torch.Tensor:
+        return self._keep_tensor(t.detach().to(torch.float32).contiguous())
+
+    def _pack(self, w: torch.Tensor) -> int:  # [N, K] -> packed handle
+        w = w.detach().contiguous()
+        N, K = w.shape
+        h = self.lib.cdll.dg_pack(w.data_ptr(), NATIVE_DTYPES[w.dtype], N, K)
+        if not h:
+            raise MemoryError(f"packing a [{N}, {K}] weight failed: {self.lib.cdll.dg_last_error().decode()}")
+        self._packed.append(h)
+        return h
+
+    def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> torch.Tensor:
+        """logits [R, V] float32 for the batch's logit rows (V: the full vocabulary)."""
+        tokens = _i64(batch.tokens)  # [N]
+        positions = _i64(batch.positions())  # [N]
+        row_seq = torch.tensor(batch.row_seq(), dtype=torch.int32)  # [N]
+        tables = torch.tensor([b for t in batch.block_tables for b in t], dtype=torch.int32)  # [sum of tables]
+        offsets = [0]
+        for t in batch.block_tables:
+            offsets.append(offsets[-1] + len(t))
+        table_off = _i64(offsets)  # [B+1]
+        logit_rows = _i64(batch.logit_rows())  # [R]
+        R = logit_rows.shape[0]
+        logits = torch.empty(R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
+        _, slots, Hkv, D = kv.k.shape
+        rc = self.lib.cdll.dg_forward(
+            self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
+            len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
+            kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
+        )  # fmt: skip
+        if rc != 0:
+            msg = self.lib.cdll.dg_last_error().decode()
+            raise (IndexError if rc == 2 else RuntimeError)(f"native forward failed: {msg}")
+        if self.out_ids is None:
+            return logits
+        full = logits.new_full((R, self.cfg.vocab_size), float("-inf"))  # [R, V]
+        full[:, self.out_ids] = logits
+        return full
+
+
+def _free(c: ctypes.CDLL, model: int, packed: list[int]) -> None:
+    c.dg_model_free(model)
+    for p in packed:
+        c.dg_packed_free(p)
+
+
+def profile(lib: NativeLib, run: Callable[[], None]) -> dict[str, float]:
+    """Seconds per forward phase (thread 0's wall time between barriers) while ``run()`` executes."""
+    names = ["embed", "norm", "qkv", "rope_kv", "attention", "o_proj", "gate_up", "silu", "down", "head"]
+    buf = (ctypes.c_double * len(names))()
+    lib.cdll.dg_profile(1, None)
+    try:
+        run()
+    finally:
+        lib.cdll.dg_profile(0, buf)
+    return dict(zip(names, list(buf), strict=True))
