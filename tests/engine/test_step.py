@@ -1,4 +1,4 @@
-"""The speculative step: target choice, verification of one sequence, rollback, sampled-q drafts.
+"""The speculative step: ragged forward, batched verification, rollback, sampled-q drafters, bad drafts.
 
 Statistical tests follow tests/verify: many trials, the empirical distribution of
 an emitted token against the exact p, a total-variation bound from the sampling
@@ -17,10 +17,10 @@ from torch import Tensor
 
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import _verify_one, speculative_step, target_choice
+from draftgate.engine.step import speculative_step
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
-from draftgate.sampling import logits_to_probs, sample_from_probs
+from draftgate.sampling import logits_to_probs
 from draftgate.types import SamplingParams
 
 V = 96  # tiny vocabulary
@@ -77,38 +77,6 @@ def _logits_after(runner: ModelRunner, tokens: list[int]) -> Tensor:
     return lg
 
 
-# ------------------------------------------------------------------ target choice, matching
-
-
-def test_target_choice_is_argmax_or_the_positions_sample(runner: ModelRunner) -> None:
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, V, generator=g)  # [5, V]
-    u = torch.rand(5, 2, generator=g, dtype=torch.float64)  # [5, 2]
-    assert torch.equal(target_choice(logits, _seq(runner, GREEDY, 0, 1), u), logits.argmax(-1))
-    s = _seq(runner, SAMPLED, 0, 1)
-    want = sample_from_probs(logits_to_probs(logits, 1.0, 6, 1.0), u[:, 1])
-    assert torch.equal(target_choice(logits, s, u), want)
-
-
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize(
-    ("match", "accepted"),
-    [([], 0), ([0], 1), ([0, 1], 2), ([0, 1, 2], 3), ([1, 2], 0), ([0, 2], 1)],
-)
-def test_deterministic_drafts_accept_the_matching_prefix(
-    runner: ModelRunner, params: SamplingParams, match: list[int], accepted: int
-) -> None:
-    """One-hot drafts: accepted while equal to the target's own choice; then that choice is emitted."""
-    g = torch.Generator().manual_seed(len(match) * 7 + accepted)
-    logits = torch.randn(4, V, generator=g) * 3  # [K+1, V]
-    u = torch.rand(4, 2, generator=g, dtype=torch.float64)  # [K+1, 2]
-    s = _seq(runner, params, 0, 1)
-    choice = target_choice(logits, s, u).tolist()  # what plain decoding emits at each position
-    drafts = [choice[i] if i in match else (choice[i] + 1) % V for i in range(3)]
-    out, a = _verify_one(s, Draft(token_ids=drafts), logits, u)
-    assert a == accepted and out == choice[: a + 1]
-
-
 # ------------------------------------------------------------------ sampled q (statistics)
 
 
@@ -134,13 +102,6 @@ def _draft_qs(p: Tensor, sparse: bool, seed: int) -> Tensor | SparseQ:
     return SparseQ(ids=ids, probs=probs / probs.sum(-1, keepdim=True))
 
 
-def _flatter(q: Tensor | SparseQ) -> Tensor | SparseQ:
-    """q at twice the temperature: what a drafter reports if it forgets its own transform."""
-    if isinstance(q, Tensor):
-        return q.sqrt() / q.sqrt().sum(-1, keepdim=True)
-    return SparseQ(q.ids, q.probs.sqrt() / q.probs.sqrt().sum(-1, keepdim=True))
-
-
 def _dense(q: Tensor | SparseQ) -> Tensor:
     if isinstance(q, Tensor):
         return q
@@ -149,37 +110,6 @@ def _dense(q: Tensor | SparseQ) -> Tensor:
 
 def _sample_drafts(q: Tensor | SparseQ, k: int, g: torch.Generator) -> list[int]:
     return torch.multinomial(_dense(q)[:k], 1, generator=g).squeeze(1).tolist()
-
-
-@pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense-q", "sparse-q"])
-def test_verify_one_with_sampled_q_emits_p(runner: ModelRunner, sparse: bool) -> None:
-    """First emitted token ~ p_0; second (after an accepted first) ~ p_1. A lying q is caught."""
-    K, N = 3, 1500
-    logits = _logits_after(runner, [X0, 17, 33, 17])  # [K+1, V]: fixed target rows for every trial
-    p = logits_to_probs(logits, SAMPLED.temperature, SAMPLED.top_k, SAMPLED.top_p)  # [K+1, V]
-    q = _draft_qs(p[:K], sparse, seed=1)
-    liar = _flatter(q)  # a drafter that reports q before its temperature transform
-    s = _seq(runner, SAMPLED, 0, 1)
-    g = torch.Generator().manual_seed(3)
-    first, second, lied = torch.zeros(V), torch.zeros(V), torch.zeros(V)
-    for _ in range(N):
-        x = _sample_drafts(q, K, g)
-        u = torch.rand(K + 1, 2, generator=g, dtype=torch.float64)  # [K+1, 2]
-        out, a = _verify_one(s, Draft(token_ids=x, q=q), logits, u)
-        assert len(out) == a + 1 and out[:a] == x[:a]
-        first[out[0]] += 1
-        if a >= 1:
-            second[out[1]] += 1
-        bad, _ = _verify_one(s, Draft(token_ids=x, q=liar), logits, u)
-        lied[bad[0]] += 1
-    assert _tv(first, p[0]) < _tv_bound(p[0], N)
-    n2 = int(second.sum())
-    assert n2 > N // 3, "drafts were rarely accepted: the second position is barely tested"
-    assert _tv(second, p[1]) < _tv_bound(p[1], n2)
-    assert _tv(lied, p[0]) > _tv_bound(p[0], N), (
-        "the check cannot tell a wrong q from the right one"
-    )
 
 
 class SampledDrafter:

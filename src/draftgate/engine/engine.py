@@ -21,7 +21,7 @@ from draftgate.drafters.base import Drafter
 from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import speculative_step, target_choice
+from draftgate.engine.step import first_token, speculative_step
 from draftgate.errors import BadRequestError, CapacityError
 from draftgate.models.runner import ModelRunner
 from draftgate.types import SamplingParams, SpecStats
@@ -227,7 +227,7 @@ class Engine(Frontend):
         s = r.seq
         try:
             logits = self.runner.prefill(s.seq_id, s.prompt)[None]  # [1, V]
-            first = int(target_choice(logits, s, s.rand.get(0, 1))[0])
+            first = first_token(logits, s)
         except Exception as e:  # a failed prefill fails this request only
             self.runner.free(s.seq_id)
             self._deliver(r, Chunk([], "", "error", error=f"{type(e).__name__}: {e}", stats=s.stats))

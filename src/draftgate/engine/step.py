@@ -10,13 +10,10 @@ For a batch of running sequences with per-sequence draft lengths k_i:
 4. each sequence's KV is truncated to its accepted length (the rollback);
 5. emitted tokens are appended, cut exactly where plain decoding would stop.
 
-Deterministic drafts (n-gram, suffix, greedy model: one-hot q) are verified by
-*matching*: the target's own choice at each position (argmax, or a sample from p
-with the position's uniform) is computed and drafts are accepted while they equal
-it. With one-hot q this is the rejection rule (accept x with prob p(x); on
-rejection the residual is p without x, renormalized) under a coupling that makes
-the output identical to plain decoding with the same seed. Drafts that carry a
-sampled q go through ``verify_sampling`` (exact rejection sampling).
+Step 3 is one call for the whole batch (``verify.verify_round``): deterministic
+drafts (n-gram, suffix, greedy model: one-hot q) are verified by *matching* the
+target's own choice (identical to plain decoding with the same seed), drafts that
+carry a sampled q by exact rejection sampling.
 
 A drafter that raises, or returns a draft that does not fit the request (more
 than k tokens, ids outside the vocabulary, q of the wrong shape), costs only the
@@ -35,10 +32,9 @@ import torch
 from draftgate.drafters.base import Draft, Drafter, DraftRequest, SparseQ
 from draftgate.engine.sequence import SequenceState
 from draftgate.models.runner import ForwardItem, ModelRunner
-from draftgate.sampling import logits_to_probs, sample_from_probs
-from draftgate.verify import verify_sampling
+from draftgate.verify import RoundDraft, target_choice, verify_round
 
-__all__ = ["StepResult", "speculative_step", "target_choice"]
+__all__ = ["StepResult", "speculative_step", "first_token"]
 
 _NO_DRAFT = Draft(token_ids=[])
 
@@ -54,13 +50,14 @@ class StepResult:
     draft_failed: list[bool]  # per sequence, the drafter raised or returned an invalid draft
 
 
-def target_choice(logits: torch.Tensor, seq: SequenceState, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token plain decoding would pick at each row: logits [n, V], uniforms [n, 2] -> [n]."""
+def first_token(logits: torch.Tensor, seq: SequenceState) -> int:
+    """The token plain decoding picks after the prompt: logits [1, V] (uniforms of output position 0)."""
     p = seq.params
-    if p.greedy:
-        return logits.argmax(dim=-1)
-    probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # [n, V]
-    return sample_from_probs(probs, uniforms[:, 1])
+    u = seq.rand.get(0, 1)  # [1, 2]
+    one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
+    choice = target_choice(logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64),
+                           one(p.top_p, torch.float32), u[:, 1])  # fmt: skip
+    return int(choice[0])
 
 
 def speculative_step(
@@ -82,18 +79,22 @@ def speculative_step(
     logits = runner.forward(items)  # per sequence [k_i + 1, V]
     t2 = time.perf_counter()
 
-    # 3. Verify; 4. roll back each sequence's KV to its accepted prefix; 5. emit.
-    emitted, drafted, accepted = [], [], []
-    for s, d, lg in zip(seqs, drafts, logits, strict=True):
-        k = len(d.token_ids)
-        u = s.rand.get(len(s.output), k + 1)  # [k+1, 2]
-        out, a = _verify_one(s, d, lg, u)
+    # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix; 5. emit.
+    outcome = verify_round(torch.cat(logits), [_round_draft(s, d) for s, d in zip(seqs, drafts, strict=True)])
+    emitted = []
+    for s, out, a in zip(seqs, outcome.emitted, outcome.accepted, strict=True):
         runner.truncate(s.seq_id, len(s.history) + a)  # KV keeps pending + accepted drafts
         emitted.append(s.append(out))
-        drafted.append(k)
-        accepted.append(a)
+    drafted = [len(d.token_ids) for d in drafts]
     n_tok = sum(len(it.tokens) for it in items)
-    return StepResult(emitted, drafted, accepted, t1 - t0, t2 - t1, n_tok, failed)
+    return StepResult(emitted, drafted, outcome.accepted, t1 - t0, t2 - t1, n_tok, failed)
+
+
+def _round_draft(s: SequenceState, d: Draft) -> RoundDraft:
+    p, k = s.params, len(d.token_ids)
+    q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
+    u = None if p.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2] keyed by output position
+    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, u, q)
 
 
 def _draft(
@@ -135,27 +136,3 @@ def _fits(d: Draft, k: int, V: int) -> bool:
         in_vocab = ids.dtype == torch.int64 and bool(((ids >= 0) & (ids < V)).all())
         return ids.dim() == 2 and ids.shape == probs.shape and ids.shape[0] == n and in_vocab
     return d.q is None or tuple(d.q.shape) == (n, V)
-
-
-def _verify_one(s: SequenceState, d: Draft, logits: torch.Tensor, u: torch.Tensor) -> tuple[list[int], int]:
-    """Emitted tokens and number of accepted drafts for one sequence. logits [k+1, V], u [k+1, 2]."""
-    k = len(d.token_ids)
-    if d.q is None or s.params.greedy:
-        choice = target_choice(logits, s, u).tolist()  # [k+1]
-        a = 0
-        while a < k and d.token_ids[a] == choice[a]:
-            a += 1
-        return [*d.token_ids[:a], choice[a]], a
-    p = logits_to_probs(logits, s.params.temperature, s.params.top_k, s.params.top_p)  # [k+1, V]
-    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-    q = (d.q.ids[None], d.q.probs[None]) if isinstance(d.q, SparseQ) else d.q[None]  # [1, k, ...]
-    res = verify_sampling(
-        torch.tensor([d.token_ids]),
-        torch.tensor([k]),
-        p[None],
-        q,
-        u[None, :k, 0],  # [1, k] acceptance uniforms
-        u[None, :, 1],  # [1, k+1] sample uniform of each position; the stopping one is used
-    )
-    a = int(res.num_accepted[0])
-    return res.tokens[0, : a + 1].tolist(), a

@@ -11,7 +11,7 @@ every turn it
 4. runs every queued round of every session in ONE ``speculative_step`` batch
    (one ragged target forward), which verifies with exactly the engine's code.
 
-A session's first token is chosen as the engine chooses it (``target_choice``
+A session's first token is chosen as the engine chooses it (``first_token``
 with the request's position-keyed uniforms), so a session replays plain
 decoding token for token, and the client's drafts change only how many tokens
 each round yields.
@@ -32,7 +32,7 @@ import torch
 
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import speculative_step, target_choice
+from draftgate.engine.step import first_token, speculative_step
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -344,7 +344,7 @@ class SessionHost:
         s = sess.seq
         try:
             logits = self.runner.prefill(s.seq_id, s.prompt)[None]  # [1, V]
-            first = int(target_choice(logits, s, s.rand.get(0, 1))[0])
+            first = first_token(logits, s)
         except Exception as e:  # a failed prefill fails this session only (prefill freed its KV)
             sess.done = True
             _resolve(sess.opened, error=e)

@@ -1,0 +1,152 @@
+"""Verify one round for the whole batch in one call: every sequence's drafts against its target rows.
+
+The target's logits come flat, ``[R, V]`` with R = sum(k_b + 1): sequence b owns rows
+``offsets[b] .. offsets[b] + k_b`` (its pending token and its k_b drafts). Each sequence is
+verified by one of two exact rules, chosen by what its drafter sent:
+
+- **matching** (no q: a deterministic drafter, whose q is one-hot; or a greedy request): the
+  target's own choice at each row (argmax, or a sample from p with that position's sample
+  uniform) is computed for all rows at once, and drafts are accepted while they equal it. With a
+  one-hot q this is the rejection rule under a coupling that makes the output *identical* to
+  plain decoding with the same uniforms (same seed, same tokens).
+- **rejection sampling** (a sampled draft with its q): ``verify_sampling`` on the sequences that
+  have one, padded to their largest k, in one batched call.
+
+The token after the accepted prefix is the target's choice there: recovered on a mismatch,
+bonus when every draft matched (for rejection rows, ``verify_sampling`` samples it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from draftgate.sampling import logits_to_probs, sample_from_probs
+from draftgate.verify.rejection import verify_sampling
+
+__all__ = ["RoundDraft", "RoundOutcome", "verify_round", "target_choice"]
+
+
+@dataclass(frozen=True)
+class RoundDraft:
+    """One sequence's part of a round."""
+
+    token_ids: Sequence[int]  # k draft ids (k may be 0)
+    temperature: float  # 0: greedy
+    top_k: int
+    top_p: float
+    uniforms: Tensor | None  # [k+1, 2] (u_accept, u_sample) per position; None for greedy
+    q: Tensor | tuple[Tensor, Tensor] | None = None  # dense [k, V] or sparse ([k, M], [k, M]); None: one-hot
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    emitted: list[list[int]]  # per sequence: accepted drafts + the recovered or bonus token
+    accepted: list[int]  # per sequence: drafts accepted
+
+
+def target_choice(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, u_sample: Tensor) -> Tensor:
+    """The token plain decoding picks at each row: logits [R, V], params [R], u_sample [R] -> [R] int64.
+
+    Greedy rows (temperature 0) take the argmax (ties: lowest id); the others sample p, after
+    the request's transforms, by inverse CDF with their row's uniform.
+    """
+    choice, _, _ = _choices(logits, temperature, top_k, top_p, u_sample)
+    return choice
+
+
+def _choices(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, u_sample: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(choice [R], sampled rows [Rs], p of those rows [Rs, V] or None when every row is greedy)."""
+    choice = logits.argmax(dim=-1)  # [R]
+    rows = (temperature > 0).nonzero().squeeze(1)  # [Rs]
+    if rows.numel() == 0:
+        return choice, rows, None
+    probs = logits_to_probs(logits[rows], temperature[rows], top_k[rows], top_p[rows])  # [Rs, V]
+    choice[rows] = sample_from_probs(probs, u_sample[rows])
+    return choice, rows, probs
+
+
+def verify_round(logits: Tensor, drafts: Sequence[RoundDraft]) -> RoundOutcome:
+    """Accepted drafts and the next token of every sequence. logits: [R, V], R = sum(k_b + 1)."""
+    ks = [len(d.token_ids) for d in drafts]
+    R, V = logits.shape
+    assert R == sum(k + 1 for k in ks), f"logits have {R} rows for drafts of lengths {ks}"
+    offsets = [0]
+    for k in ks:
+        offsets.append(offsets[-1] + k + 1)
+
+    # 1. The target's choice at every row: argmax, or a sample with the row's u_sample.
+    if all(d.temperature <= 0 for d in drafts):
+        choice = logits.argmax(dim=-1).tolist()  # [R]: a greedy round needs nothing else
+        rows, probs = None, None
+    else:
+        def per_row(f, dtype):  # noqa: ANN001, ANN202
+            return torch.tensor([f(d) for d, k in zip(drafts, ks, strict=True) for _ in range(k + 1)], dtype=dtype)
+
+        u = torch.cat([_uniforms(d, k) for d, k in zip(drafts, ks, strict=True)])  # [R, 2]
+        c, rows, probs = _choices(
+            logits, per_row(lambda d: d.temperature, torch.float32), per_row(lambda d: d.top_k, torch.int64),
+            per_row(lambda d: d.top_p, torch.float32), u[:, 1],
+        )  # fmt: skip
+        choice = c.tolist()
+
+    # 2. Matching: accept while the draft equals the target's choice.
+    emitted: list[list[int]] = []
+    accepted: list[int] = []
+    for b, d in enumerate(drafts):
+        c = choice[offsets[b] : offsets[b + 1]]
+        a = 0
+        while a < ks[b] and d.token_ids[a] == c[a]:
+            a += 1
+        emitted.append([*d.token_ids[:a], c[a]])
+        accepted.append(a)
+
+    # 3. Rejection sampling for the sequences that sent the q their sampled drafts came from.
+    rejection = [b for b, d in enumerate(drafts) if d.q is not None and d.temperature > 0 and ks[b] > 0]
+    if rejection:
+        assert rows is not None and probs is not None
+        for b, (tokens, a) in zip(rejection, _reject(probs, rows, drafts, rejection, offsets), strict=True):
+            emitted[b], accepted[b] = tokens, a
+    return RoundOutcome(emitted, accepted)
+
+
+def _uniforms(d: RoundDraft, k: int) -> Tensor:
+    return d.uniforms if d.uniforms is not None else torch.zeros(k + 1, 2, dtype=torch.float64)  # [k+1, 2]
+
+
+def _reject(
+    probs: Tensor, rows: Tensor, drafts: Sequence[RoundDraft], seqs: list[int], offsets: list[int]
+) -> list[tuple[list[int], int]]:
+    """verify_sampling over the sequences ``seqs``, padded to their largest k.
+
+    probs [Rs, V] is p of the sampled rows ``rows`` [Rs] (flat row ids), already transformed.
+    """
+    V = probs.shape[1]
+    K = max(len(drafts[b].token_ids) for b in seqs)
+    B = len(seqs)
+    where = torch.full((int(offsets[-1]),), -1, dtype=torch.int64)  # flat row -> index in probs
+    where[rows] = torch.arange(rows.numel())
+    flat = [offsets[b] + min(j, len(drafts[b].token_ids)) for b in seqs for j in range(K + 1)]  # pad: repeat last
+    p = probs[where[torch.tensor(flat)]].view(B, K + 1, V)  # [B, K+1, V]
+    draft_ids = torch.full((B, K), -1, dtype=torch.int64)  # [B, K]
+    q = torch.zeros(B, K, V)  # [B, K, V] dense: sparse q are scattered in
+    u = torch.zeros(B, K + 1, 2, dtype=torch.float64)  # [B, K+1, 2]
+    for i, b in enumerate(seqs):  # marshal each drafter's q format into the padded batch
+        d = drafts[b]
+        k = len(d.token_ids)
+        draft_ids[i, :k] = torch.tensor(list(d.token_ids), dtype=torch.int64)
+        if isinstance(d.q, tuple):
+            q[i, :k].scatter_add_(1, d.q[0], d.q[1].float())
+        elif d.q is not None:
+            q[i, :k] = d.q.float()
+        assert d.uniforms is not None
+        u[i, : k + 1] = d.uniforms
+    draft_lens = torch.tensor([len(drafts[b].token_ids) for b in seqs], dtype=torch.int64)  # [B]
+    res = verify_sampling(draft_ids, draft_lens, p, q, u[:, :K, 0], u[:, :, 1])
+    tokens = res.tokens.tolist()
+    return [(tokens[i][: a + 1], a) for i, a in enumerate(res.num_accepted.tolist())]
