@@ -36,16 +36,21 @@ NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 class NativeKVCache:
-    """float32 K and V, [L, num_slots, H_kv, D] each (flat slot = block * block_size + offset)."""
+    """float32 keys and values of every layer, paged in blocks of ``block_size`` positions.
 
-    def __init__(self, cfg: ModelConfig, num_slots: int) -> None:
-        shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32)
-        self.v = torch.zeros(shape, dtype=torch.float32)
+    k: [L, num_blocks, H_kv, D, block_size] (keys transposed within a block, so attention scores
+    a block of keys with vector FMAs and no horizontal sums); v: [L, num_blocks * block_size,
+    H_kv, D] (flat slot = block * block_size + offset).
+    """
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int) -> None:
+        L, Hkv, D = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        self.k = torch.zeros(L, num_blocks, Hkv, D, block_size, dtype=torch.float32)
+        self.v = torch.zeros(L, num_blocks * block_size, Hkv, D, dtype=torch.float32)
 
     def copy_block(self, src: int, dst: int, block_size: int) -> None:
+        self.k[:, dst] = self.k[:, src]
         s, d = src * block_size, dst * block_size
-        self.k[:, d : d + block_size] = self.k[:, s : s + block_size]
         self.v[:, d : d + block_size] = self.v[:, s : s + block_size]
 
 
@@ -129,7 +134,7 @@ class NativeLlama:
         logit_rows = _i64(batch.logit_rows())  # [R]
         R = logit_rows.shape[0]
         logits = torch.empty(R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
-        _, slots, Hkv, D = kv.k.shape
+        _, slots, Hkv, D = kv.v.shape
         rc = self.lib.cdll.dg_forward(
             self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
             len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,

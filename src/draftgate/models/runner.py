@@ -72,7 +72,7 @@ class ModelRunner:
         if self.kernels is Kernels.NATIVE:
             lib = load_library(build_dir or default_cache_dir())  # NativeUnavailable says what to do
             self.model = NativeLlama(loaded.config, loaded.weights, lib)
-            self.cache = NativeKVCache(loaded.config, num_slots)
+            self.cache = NativeKVCache(loaded.config, num_blocks, block_size)
         else:
             self.model = LlamaModel(loaded.config, loaded.weights, self.device)
             self.cache = KVCache.allocate(loaded.config, num_slots, self.model.dtype, self.device)

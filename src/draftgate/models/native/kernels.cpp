@@ -50,9 +50,9 @@ struct Batch {  // one ragged forward, as the runner describes it
   const int32_t* tables;     // block tables of the B sequences, concatenated
   const int64_t* table_off;  // [B+1] start of sequence b's table in `tables`
   int block_size;
-  float* kc;  // [L, slots, Hkv, D]
-  float* vc;  // [L, slots, Hkv, D]
-  int64_t layer_stride;  // slots * Hkv * D
+  float* kc;  // [L, blocks, Hkv, D, block_size]: keys transposed within each block
+  float* vc;  // [L, blocks * block_size, Hkv, D]
+  int64_t layer_stride;  // slots * Hkv * D (both caches)
   int R;
   const int64_t* logit_rows;  // [R]
   float* logits;              // [R, Vout]
@@ -86,15 +86,6 @@ static void rmsnorm_row(const float* x, const float* w, int C, float eps, float*
   for (; c < C; c++) out[c] = w[c] * (x[c] * inv);
 }
 
-static inline float dot(const float* a, const float* b, int n) {
-  int i = 0;
-  V acc = vzero();
-  for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), vload(b + i), acc);
-  float s = vsum(acc);
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
 // Flat KV slot of every position of each sequence, up to the longest context a row reads.
 static std::vector<std::vector<int64_t>> slot_lists(const Batch& bt, int B) {
   std::vector<int64_t> len(B, 0);
@@ -120,26 +111,82 @@ static void rope_and_store(const Model& m, const Batch& bt, int li, float* qkv_r
       v[c + half] = x2 * cs[c] + x1 * sn[c];
     }
   }
-  size_t off = size_t(li) * bt.layer_stride + size_t(slot) * m.Hkv * D;
-  std::memcpy(bt.kc + off, qkv_row + m.H * D, sizeof(float) * m.Hkv * D);
-  std::memcpy(bt.vc + off, qkv_row + (m.H + m.Hkv) * D, sizeof(float) * m.Hkv * D);
+  const int64_t bs = bt.block_size, block = slot / bs, off = slot % bs;
+  float* kt = bt.kc + size_t(li) * bt.layer_stride + size_t(block) * m.Hkv * D * bs + off;
+  const float* k = qkv_row + m.H * D;
+  for (int g = 0; g < m.Hkv; g++)
+    for (int d = 0; d < D; d++) kt[(size_t(g) * D + d) * bs] = k[g * D + d];
+  std::memcpy(bt.vc + size_t(li) * bt.layer_stride + size_t(slot) * m.Hkv * D, qkv_row + (m.H + m.Hkv) * D,
+              sizeof(float) * m.Hkv * D);
 }
 
 // out[D] = softmax(q . k_j / sqrt(D), j = 0..S-1) @ v_j for one row and one query head whose
-// kv head is g; slots[j] is the cache slot of position j. The order of every sum depends on S only.
-static void attend(const Model& m, const Batch& bt, int li, const float* q, int64_t S, const int64_t* slots,
-                   int g, float* scores, float* out) {
+// kv head is g; table holds the sequence's blocks and slots[j] the cache slot of position j.
+// Scores come VL keys at a time from the transposed key blocks (one FMA chain over d per key, no
+// horizontal sums); the order of every sum depends on S and the block size only.
+static void attend(const Model& m, const Batch& bt, int li, const float* q, int64_t S, const int32_t* table,
+                   const int64_t* slots, int g, float* scores, float* out) {
   const int D = m.D;
-  const size_t row = size_t(m.Hkv) * D;
-  const float* kc = bt.kc + size_t(li) * bt.layer_stride + size_t(g) * D;
+  const int64_t bs = bt.block_size;
+  const size_t row = size_t(m.Hkv) * D, kblock = row * bs;
+  const float* kc = bt.kc + size_t(li) * bt.layer_stride + size_t(g) * D * bs;
   const float* vc = bt.vc + size_t(li) * bt.layer_stride + size_t(g) * D;
-  const float scale = 1.0f / std::sqrt(float(D));
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < S; j++) {
-    float s = dot(q, kc + size_t(slots[j]) * row, D) * scale;
-    scores[j] = s;
-    mx = s > mx ? s : mx;
+  const V scale = vset1(1.0f / std::sqrt(float(D)));
+  // The key vectors: VL keys (fewer at a block's or the context's end) of one block each.
+  struct KeyVec {
+    const float* kt;  // first key's column in its block's [D][bs] tile
+    int64_t j;        // position of the first key
+    int lanes;
+  };
+  constexpr int ILP = 4;  // independent FMA chains in flight (one chain per vector of keys)
+  KeyVec kv[ILP];
+  int nkv = 0;
+  V vmx = vset1(-INFINITY);
+  auto store = [&](const KeyVec& key, V acc) {
+    alignas(64) float tmp[VL];
+    vstore(tmp, vmul(acc, scale));
+    for (int i = 0; i < key.lanes; i++) {
+      scores[key.j + i] = tmp[i];
+      vmx = vmax(vmx, vset1(tmp[i]));
+    }
+  };
+  auto flush = [&]() {
+    bool full = nkv == ILP;
+    for (int u = 0; u < nkv; u++) full = full && kv[u].lanes == VL;
+    if (full) {  // the common case, unrolled so the four chains stay in registers
+      V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+      const float *p0 = kv[0].kt, *p1 = kv[1].kt, *p2 = kv[2].kt, *p3 = kv[3].kt;
+      for (int d = 0; d < D; d++) {
+        const V qd = vset1(q[d]);
+        const size_t o = size_t(d) * bs;
+        a0 = vfma(qd, vload(p0 + o), a0);
+        a1 = vfma(qd, vload(p1 + o), a1);
+        a2 = vfma(qd, vload(p2 + o), a2);
+        a3 = vfma(qd, vload(p3 + o), a3);
+      }
+      store(kv[0], a0);
+      store(kv[1], a1);
+      store(kv[2], a2);
+      store(kv[3], a3);
+    } else {
+      for (int u = 0; u < nkv; u++) {
+        V a = vzero();
+        for (int d = 0; d < D; d++) a = vfma(vset1(q[d]), vload_n(kv[u].kt + size_t(d) * bs, kv[u].lanes), a);
+        store(kv[u], a);
+      }
+    }
+    nkv = 0;
+  };
+  for (int64_t t0 = 0; t0 < S; t0 += bs) {
+    const float* kt = kc + size_t(table[t0 / bs]) * kblock;  // [D][bs] keys t0 .. t0+bs-1
+    const int64_t nkeys = std::min(bs, S - t0);
+    for (int64_t c = 0; c < nkeys; c += VL) {
+      kv[nkv++] = KeyVec{kt + c, t0 + c, int(std::min<int64_t>(VL, nkeys - c))};
+      if (nkv == ILP) flush();
+    }
   }
+  if (nkv) flush();
+  const float mx = vmaxval(vmx);
   int64_t j = 0;
   V vs = vzero(), vm = vset1(mx);
   for (; j + VL <= S; j += VL) {
@@ -260,8 +307,8 @@ static void forward(const Model& m, const Batch& bt, int B) {
       for (int item = tid; item < N * H; item += nt) {  // cyclic: long and short rows interleave
         int i = item / H, hh = item % H;
         attend(m, bt, li, &qkv[size_t(i) * ldq + size_t(hh) * D], bt.positions[i] + 1,
-               slots[bt.row_seq[i]].data(), hh / (H / m.Hkv), scratch[tid].data(),
-               &attn[size_t(i) * H * D + size_t(hh) * D]);
+               bt.tables + bt.table_off[bt.row_seq[i]], slots[bt.row_seq[i]].data(), hh / (H / m.Hkv),
+               scratch[tid].data(), &attn[size_t(i) * H * D + size_t(hh) * D]);
       }
       B.wait();
       clk.lap(P_ATTN);

@@ -134,6 +134,21 @@ static inline V vpow2i(V n) { DG_LANES(std::ldexp(1.0f, int(n.v[i]))); }
 static inline const char* isa_name() { return "portable"; }
 #endif
 
+// The first n < VL floats at p, zeros in the other lanes (never reads past p + n).
+static inline V vload_n(const float* p, int n) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p);
+#elif defined(__AVX2__)
+  alignas(32) static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_load_si256(reinterpret_cast<const __m256i*>(ramp)));
+  return _mm256_maskload_ps(p, mask);
+#else
+  V r = vzero();
+  for (int i = 0; i < n; i++) r.v[i] = p[i];
+  return r;
+#endif
+}
+
 // Horizontal sum in a fixed order (a fixed shuffle tree per instruction set).
 static inline float vsum(V a) {
 #if defined(__AVX512F__)
