@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from draftgate.engine.config import DrafterKind, EngineConfig
+from draftgate.models.runner import Kernels
 from draftgate.paths import default_cache_dir
 from draftgate.types import SamplingParams
 
@@ -50,7 +51,14 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
     g.add_argument("--draft-model", default=None, help="draft model for --drafter model (same tokenizer)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for the forward (default: all cores)")
+    g.add_argument(
+        "--kernels",
+        default="auto",
+        choices=[k.value for k in Kernels],
+        help="forward implementation: auto (native CPU kernels on CPU, PyTorch on CUDA), native, or torch "
+        "(PyTorch's CPU kernels: slower, batch invariance not guaranteed) (default: %(default)s)",
+    )
     g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
     g.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
 
@@ -78,6 +86,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         dtype=a.dtype,
         num_blocks=a.kv_blocks,
         cache_dir=a.cache_dir or default_cache_dir(),
+        kernels=Kernels(a.kernels),
     ).validate()
 
 

@@ -64,7 +64,9 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: all cores)")
+    g.add_argument("--threads", type=_positive, default=None, help="CPU threads for the forward (default: all cores)")
+    g.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"],
+                   help="forward implementation (see `draftgate generate --help`) (default: %(default)s)")
     g.add_argument("--kv-blocks", type=_positive, default=kv_blocks, help="KV cache blocks (default: %(default)s)")
     g.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (default: %(default)s)")
     g.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
@@ -115,9 +117,10 @@ def _setup(a: argparse.Namespace) -> None:
 
 
 def _runner(a: argparse.Namespace):  # -> ModelRunner
-    from draftgate.cli.common import default_cache_dir
     from draftgate.engine.config import DrafterKind, EngineConfig
-    from draftgate.server.rpc.factory import build_runner
+    from draftgate.engine.factory import build_runner
+    from draftgate.models.runner import Kernels
+    from draftgate.paths import default_cache_dir
 
     cfg = EngineConfig(
         model=a.model,
@@ -127,8 +130,9 @@ def _runner(a: argparse.Namespace):  # -> ModelRunner
         num_blocks=a.kv_blocks,
         block_size=a.block_size,
         cache_dir=a.cache_dir or default_cache_dir(),
+        kernels=Kernels(a.kernels),
     )
-    return build_runner(cfg)
+    return build_runner(cfg.validate())
 
 
 def run_target(a: argparse.Namespace) -> int:

@@ -6,7 +6,14 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DrafterKind", "EngineConfig"]
+import torch
+
+from draftgate.models.runner import Kernels
+
+__all__ = ["DrafterKind", "EngineConfig", "DTYPES"]
+
+# The one table of weight dtypes a config may name.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DrafterKind(str, enum.Enum):
@@ -34,6 +41,11 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     cache_dir: Path | None = None  # where dequantized GGUF weights are cached
     ngram_max: int = 4
+    kernels: Kernels = Kernels.AUTO  # native CPU kernels (batch invariant by construction) or PyTorch's
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
     def validate(self) -> EngineConfig:
         if not isinstance(self.drafter, DrafterKind):
@@ -44,7 +56,9 @@ class EngineConfig:
             raise ValueError(f"k must be in [0, k_max={self.k_max}] or auto, got {self.k}")
         if self.drafter == DrafterKind.MODEL and not self.draft_model:
             raise ValueError("drafter 'model' needs --draft-model PATH (a Llama-family model with the same tokenizer)")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if not isinstance(self.kernels, Kernels):
+            raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.num_blocks < 1 or self.block_size < 1 or self.max_batch < 1 or self.max_queue < 1:
             raise ValueError("num_blocks, block_size, max_batch and max_queue must be positive")

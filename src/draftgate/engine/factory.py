@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 
-import torch
-
 from draftgate.drafters import NgramDrafter, SuffixDrafter
 from draftgate.drafters.auto import AutoDrafter
 from draftgate.drafters.base import Drafter
@@ -14,11 +12,9 @@ from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Engine
 from draftgate.errors import ModelLoadError
 from draftgate.models.loader import LoadedModel, load_model
-from draftgate.models.runner import ModelRunner
+from draftgate.models.runner import Kernels, ModelRunner
 
-__all__ = ["build_engine", "build_drafter"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["build_engine", "build_drafter", "build_runner"]
 
 
 def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
@@ -47,7 +43,7 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
         except ImportError as e:
             raise ModelLoadError(str(e)) from e
     assert cfg.draft_model is not None
-    draft = load_model(cfg.draft_model, dtype=_DTYPES[cfg.dtype], cache_dir=cfg.cache_dir)
+    draft = load_model(cfg.draft_model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
     report = check_pair(target, draft)  # the same check as `draftgate check-pair`
     if not report.ok:
         reasons = "; ".join(f"{f.check}: {f.reason}" for f in report.errors)
@@ -55,8 +51,7 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     for f in report.findings:
         if f.severity == "warning":  # lossless either way; the draft may just be accepted less
             logging.getLogger(__name__).warning("draft model %s: %s: %s", cfg.draft_model, f.check, f.reason)
-    runner = ModelRunner(draft, device=cfg.device, num_blocks=cfg.num_blocks, block_size=cfg.block_size)
-    return ModelDrafter(runner)
+    return ModelDrafter(build_runner(cfg, draft))
 
 
 def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
@@ -68,26 +63,35 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | Non
     return None
 
 
-def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
-    cfg.validate()
-    if cfg.drafter != DrafterKind.NONE and cfg.dtype != "float32" and cfg.device == "cpu":
-        # Measured (docs/BENCHMARKS.md, issue 7): in bfloat16 the CPU kernels round a K+1-row verify
-        # differently from a one-row decode, so near-tie argmaxes flip (16 of 20 answers differed).
-        logging.getLogger(__name__).warning(
-            "speculation in %s on CPU: greedy output may differ from plain decoding token for token "
-            "(a K+1-row verify rounds differently from a one-row decode in reduced precision); "
-            "use --dtype float32 for token-identical output",
-            cfg.dtype,
-        )
+def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelRunner:
+    """The one place a model and its KV cache are built from config (engine, workers, drafts)."""
     if loaded is None:
-        loaded = load_model(cfg.model, dtype=_DTYPES[cfg.dtype], cache_dir=cfg.cache_dir)
+        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
     runner = ModelRunner(
         loaded,
         device=cfg.device,
         num_blocks=cfg.num_blocks,
         block_size=cfg.block_size,
         enable_prefix_cache=cfg.enable_prefix_cache,
+        kernels=cfg.kernels,
+        build_dir=cfg.cache_dir,
     )
+    if runner.kernels is Kernels.TORCH and runner.device.type == "cpu" and cfg.drafter != DrafterKind.NONE:
+        # Measured (docs/BENCHMARKS.md, issue 12): PyTorch's CPU kernels round a 2-row pass differently
+        # from a 1-row pass even in float32; in bfloat16, 16 of 20 greedy answers differed from plain.
+        logging.getLogger(__name__).warning(
+            "speculation on PyTorch's CPU kernels (--kernels torch): greedy output may differ from plain "
+            "decoding near ties (a K+1-row verify rounds differently from a one-row decode); the default "
+            "native kernels are batch invariant"
+        )
+    return runner
+
+
+def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
+    cfg.validate()
+    if loaded is None:
+        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
+    runner = build_runner(cfg, loaded)
     drafter = build_drafter(cfg, loaded)
     k = cfg.k if cfg.drafter != DrafterKind.NONE else 0
     return Engine(runner, drafter, k=k, k_max=cfg.k_max, max_batch=cfg.max_batch, max_queue=cfg.max_queue)

@@ -292,8 +292,5 @@ def _model_key(model: str) -> str:
 
 
 def _load(cfg: EngineConfig) -> LoadedModel:
-    import torch
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    return load_model(cfg.model, dtype=dtypes[cfg.dtype], cache_dir=cfg.cache_dir)
+    return load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
 

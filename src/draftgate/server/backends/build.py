@@ -8,9 +8,8 @@ from draftgate.drafters.base import Drafter
 from draftgate.engine import EngineConfig, build_engine
 from draftgate.engine.config import DrafterKind
 from draftgate.engine.engine import Engine
-from draftgate.engine.factory import build_drafter
+from draftgate.engine.factory import build_drafter, build_runner
 from draftgate.models.loader import LoadedModel
-from draftgate.models.runner import ModelRunner
 from draftgate.server.backends import DrafterSpec, TargetSpec
 
 __all__ = ["build_backend", "make_drafter"]
@@ -41,15 +40,8 @@ def build_backend(
     if target.kind == "embedded":
         if not drafter.remote:
             return build_engine(replace(cfg, drafter=drafter.kind), loaded=loaded)  # type: ignore[arg-type]
-        runner = ModelRunner(
-            loaded,
-            device=cfg.device,
-            num_blocks=cfg.num_blocks,
-            block_size=cfg.block_size,
-            enable_prefix_cache=cfg.enable_prefix_cache,
-        )
         return Engine(
-            runner,
+            build_runner(cfg, loaded),
             make_drafter(cfg, drafter, loaded),
             k=cfg.k,
             k_max=cfg.k_max,
