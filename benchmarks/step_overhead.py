@@ -34,14 +34,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--drafter", default="none", choices=[d.value for d in DrafterKind])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--prompt", default=PROMPT, help="the request's prompt (default: a short story)")
+    ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    engine = build_engine(EngineConfig(drafter=DrafterKind(a.drafter), cache_dir=default_cache_dir()))
+    engine = build_engine(EngineConfig(drafter=DrafterKind(a.drafter), k_max=a.k_max, cache_dir=default_cache_dir()))
     assert isinstance(engine.runner.model, NativeLlama), "this profile is of the native forward"
     lib = engine.runner.model.lib
     engine.start()
-    ids = engine.encode(PROMPT)
+    ids = engine.encode(a.prompt)
     params = SamplingParams(max_new_tokens=a.tokens, ignore_eos=True)
     engine.complete(ids, params)  # warm-up
     rows = []
@@ -60,7 +62,8 @@ def main() -> int:
         step_ms = decode_s / rounds * 1e3
         rows.append((step_ms, forward_ms, native_ms, c.completion_tokens / decode_s))
     step, fwd, nat, tps = (sorted(col)[len(col) // 2] for col in zip(*rows, strict=True))
-    print(f"drafter {a.drafter}, {a.tokens} tokens, batch 1, median of {a.runs} runs: {tps:.1f} tok/s decode\n")
+    print(f"drafter {a.drafter}, {a.tokens} tokens, batch 1, median of {a.runs} runs: {tps:.1f} tok/s decode, "
+          f"{c.stats.mean_accepted_length:.2f} tokens per round\n")  # fmt: skip
     print("| part of a step | ms | share of the one-token forward |")
     print("|---|---:|---:|")
     print(f"| native forward (C++) | {nat:.2f} | 100% |")

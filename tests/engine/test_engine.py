@@ -700,7 +700,7 @@ def test_target_failure_is_an_error_and_frees_kv(
     make_tiny: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     eng = make_tiny(DrafterKind.NGRAM, 4)
-    real_forward = eng.runner.forward
+    real_forward = eng.runner.forward_flat
     calls = {"n": 0}
 
     def flaky(items):  # noqa: ANN001, ANN202
@@ -709,7 +709,7 @@ def test_target_failure_is_an_error_and_frees_kv(
             raise RuntimeError("device lost")
         return real_forward(items)
 
-    monkeypatch.setattr(eng.runner, "forward", flaky)
+    monkeypatch.setattr(eng.runner, "forward_flat", flaky)
     res = run_batch_allow_error(
         eng, TINY_PROMPTS[:2], SamplingParams(max_new_tokens=30, ignore_eos=True)
     )

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from draftgate.models import native
+from draftgate.models.batch import ForwardOutput
 from draftgate.models.loader import LoadedModel
 from draftgate.models.native import LEVELS, NativeLib, cpu_level
 from draftgate.models.native_llama import NativeLlama
@@ -111,8 +112,8 @@ class _WidthDependent(NativeLlama):
     """A planted defect: logits that move by one ulp-sized step per extra row in the pass."""
 
     def forward(self, batch, kv):  # type: ignore[no-untyped-def]
-        logits = super().forward(batch, kv)
-        return logits + 1e-6 * (batch.num_rows - 1)
+        out = super().forward(batch, kv)
+        return ForwardOutput(out.logits + 1e-6 * (batch.num_rows - 1), out.argmax)
 
 
 def test_the_check_catches_a_width_dependent_forward(tiny_model: LoadedModel) -> None:

@@ -37,13 +37,13 @@ def bp(tiny_model: LoadedModel) -> Iterator[Gateway]:
 
 
 def slow_forward(engine: Engine, delay_s: float) -> None:
-    real = engine.runner.forward
+    real = engine.runner.forward_flat
 
     def forward(items):  # type: ignore[no-untyped-def]
         time.sleep(delay_s)
         return real(items)
 
-    engine.runner.forward = forward  # type: ignore[method-assign]
+    engine.runner.forward_flat = forward  # type: ignore[method-assign]
 
 
 def post(url: str, body: dict) -> httpx.Response:
@@ -59,7 +59,7 @@ def test_flooding_a_tight_route_gives_429_with_retry_after_and_no_5xx(bp: Gatewa
         with ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(lambda _: post(bp.url, body), range(12)))
     finally:
-        del engine.runner.forward
+        del engine.runner.forward_flat
     codes = [r.status_code for r in answers]
     assert all(c in (200, 429) for c in codes), codes
     assert codes.count(200) >= 2 and codes.count(429) >= 1, codes  # one running + one queued at least

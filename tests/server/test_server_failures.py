@@ -39,7 +39,7 @@ def patched_forward(engine: Engine, fail_after: int | None = None, delay_s: floa
     """The engine's target forward sleeps ``delay_s`` (so a request is surely still running when
     the test acts) and fails after ``fail_after`` calls; restored and leak-checked at exit."""
     runner = engine.runner
-    real = runner.forward
+    real = runner.forward_flat
     calls = {"n": 0}
 
     def forward(items):  # type: ignore[no-untyped-def]
@@ -49,11 +49,11 @@ def patched_forward(engine: Engine, fail_after: int | None = None, delay_s: floa
         time.sleep(delay_s)
         return real(items)
 
-    runner.forward = forward  # type: ignore[method-assign]
+    runner.forward_flat = forward  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del runner.forward  # back to the class's method
+        del runner.forward_flat  # back to the class's method
         assert_no_leaks(engine)
 
 

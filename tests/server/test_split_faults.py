@@ -101,13 +101,13 @@ class Worker:
     def __init__(self, loaded: LoadedModel) -> None:
         self.server = TargetWorkerServer(SessionHost(ModelRunner(loaded, num_blocks=256, block_size=8), "tiny")).start()
         runner = self.server.host.runner
-        real = runner.forward
+        real = runner.forward_flat
 
         def forward(items):  # type: ignore[no-untyped-def]
             time.sleep(FORWARD_DELAY_S)
             return real(items)
 
-        runner.forward = forward  # type: ignore[method-assign]
+        runner.forward_flat = forward  # type: ignore[method-assign]
 
     @property
     def address(self) -> str:

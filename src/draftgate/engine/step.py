@@ -76,11 +76,12 @@ def speculative_step(
         ForwardItem(s.seq_id, [s.pending, *d.token_ids], len(d.token_ids) + 1)
         for s, d in zip(seqs, drafts, strict=True)
     ]
-    logits = runner.forward(items)  # per sequence [k_i + 1, V]
+    out = runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax
     t2 = time.perf_counter()
 
     # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix; 5. emit.
-    outcome = verify_round(torch.cat(logits), [_round_draft(s, d) for s, d in zip(seqs, drafts, strict=True)])
+    round_drafts = [_round_draft(s, d) for s, d in zip(seqs, drafts, strict=True)]
+    outcome = verify_round(out.logits, round_drafts, out.argmax)
     emitted = []
     for s, out, a in zip(seqs, outcome.emitted, outcome.accepted, strict=True):
         runner.truncate(s.seq_id, len(s.history) + a)  # KV keeps pending + accepted drafts

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RaggedBatch"]
+import torch
+
+__all__ = ["RaggedBatch", "ForwardOutput"]
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """What a forward returns for its R logit rows."""
+
+    logits: torch.Tensor  # [R, V] float32
+    argmax: torch.Tensor  # [R] int64 greedy choice (first maximum); -1 where a row holds a NaN or an inf
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from draftgate.models.batch import RaggedBatch
+from draftgate.models.batch import ForwardOutput, RaggedBatch
 from draftgate.models.config import ModelConfig, rope_inv_freq
 
 __all__ = ["VOCAB_SUBSET_KEY", "LlamaModel", "AttentionLayout", "KVCache"]
@@ -165,8 +165,8 @@ class LlamaModel:
         return w * xf.to(x.dtype)
 
     @torch.inference_mode()
-    def forward(self, batch: RaggedBatch, kv: KVCache) -> torch.Tensor:
-        """logits [R, V] float32 for the batch's logit rows."""
+    def forward(self, batch: RaggedBatch, kv: KVCache) -> ForwardOutput:
+        """Logits [R, V] float32 of the batch's logit rows and their argmax (-1: not finite)."""
         layout = AttentionLayout.build(batch, self.device)
         tokens = torch.tensor(batch.tokens, dtype=torch.int64, device=self.device)  # [N]
         cfg = self.cfg
@@ -193,11 +193,15 @@ class LlamaModel:
             x = x + L.down(F.silu(g) * u)
         x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
         logits = self.lm_head(x).float()  # [R, V] (or [R, Vs] with a vocabulary subset)
-        if self.out_ids is None:
-            return logits
-        full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]
-        full[:, self.out_ids] = logits
-        return full
+        if self.out_ids is not None:
+            full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]
+            full[:, self.out_ids] = logits
+            finite = torch.isfinite(logits).all(dim=-1)  # [R]
+            logits = full
+        else:
+            finite = torch.isfinite(logits).all(dim=-1)  # [R]
+        argmax = torch.where(finite, logits.argmax(dim=-1), -1)  # [R]
+        return ForwardOutput(logits, argmax)
 
     def _attention(
         self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout

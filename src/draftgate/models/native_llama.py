@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftgate.models.batch import RaggedBatch
+from draftgate.models.batch import ForwardOutput, RaggedBatch
 from draftgate.models.config import ModelConfig, rope_inv_freq
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.native.build import NativeLib
@@ -121,8 +121,8 @@ class NativeLlama:
         self._packed.append(h)
         return h
 
-    def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> torch.Tensor:
-        """logits [R, V] float32 for the batch's logit rows (V: the full vocabulary)."""
+    def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> ForwardOutput:
+        """Logits [R, V] float32 of the batch's logit rows (V: the full vocabulary) and their argmax."""
         tokens = _i64(batch.tokens)  # [N]
         positions = _i64(batch.positions())  # [N]
         row_seq = torch.tensor(batch.row_seq(), dtype=torch.int32)  # [N]
@@ -134,20 +134,23 @@ class NativeLlama:
         logit_rows = _i64(batch.logit_rows())  # [R]
         R = logit_rows.shape[0]
         logits = torch.empty(R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
+        argmax = torch.empty(R, dtype=torch.int64)  # [R]
         _, slots, Hkv, D = kv.v.shape
         rc = self.lib.cdll.dg_forward(
             self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
             len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
             kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
+            argmax.data_ptr(),
         )  # fmt: skip
         if rc != 0:
             msg = self.lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native forward failed: {msg}")
         if self.out_ids is None:
-            return logits
+            return ForwardOutput(logits, argmax)
         full = logits.new_full((R, self.cfg.vocab_size), float("-inf"))  # [R, V]
         full[:, self.out_ids] = logits
-        return full
+        ids = torch.where(argmax >= 0, self.out_ids[argmax.clamp(min=0)], -1)  # [R] subset row -> token id
+        return ForwardOutput(full, ids)
 
 
 def _free(c: ctypes.CDLL, model: int, packed: list[int]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from draftgate.kv import KVManager
-from draftgate.models.batch import RaggedBatch
+from draftgate.models.batch import ForwardOutput, RaggedBatch
 from draftgate.models.llama import KVCache, LlamaModel
 from draftgate.models.loader import LoadedModel
 from draftgate.models.native import load_library
@@ -117,6 +117,10 @@ class ModelRunner:
         All or nothing across the batch: if KV blocks run out (``OutOfBlocks`` from
         the manager) or the forward fails, no sequence's length changes.
         """
+        return list(self.forward_flat(items).logits.split([it.num_logits for it in items]))
+
+    def forward_flat(self, items: Sequence[ForwardItem]) -> ForwardOutput:
+        """``forward`` with the logit rows of all items in one tensor [R, V], in order, and their argmax."""
         assert items, "empty forward"
         reserved: list[tuple[int, int]] = []
         try:
@@ -134,14 +138,14 @@ class ModelRunner:
                 block_tables=[self.kv.block_table(it.seq_id) for it in items],
                 block_size=self.block_size,
             )
-            logits = self.model.forward(batch, self.cache)  # type: ignore[arg-type]  # [R, V]
+            out = self.model.forward(batch, self.cache)  # type: ignore[arg-type]  # [R, V]
         except BaseException:
             # Reserved slots the forward did not (fully) write must not stay in the
             # sequence: a later step would attend to their stale KV.
             for sid, n in reversed(reserved):
                 self.kv.truncate(sid, self.kv.length(sid) - n)
             raise
-        return list(logits.split([it.num_logits for it in items]))
+        return out
 
     def prefill(self, seq_id: int, prompt: Sequence[int], chunk: int = 512) -> torch.Tensor:
         """Add a sequence and run its prompt; returns logits [V] of the last prompt token."""

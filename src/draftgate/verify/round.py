@@ -71,8 +71,12 @@ def _choices(
     return choice, rows, probs
 
 
-def verify_round(logits: Tensor, drafts: Sequence[RoundDraft]) -> RoundOutcome:
-    """Accepted drafts and the next token of every sequence. logits: [R, V], R = sum(k_b + 1)."""
+def verify_round(logits: Tensor, drafts: Sequence[RoundDraft], argmax: Tensor | None = None) -> RoundOutcome:
+    """Accepted drafts and the next token of every sequence. logits: [R, V], R = sum(k_b + 1).
+
+    ``argmax`` [R], when the caller has it (the runner computes it with the logits), is each row's
+    greedy choice; -1 marks a row with a NaN or an infinite logit, which raises ValueError.
+    """
     ks = [len(d.token_ids) for d in drafts]
     R, V = logits.shape
     assert R == sum(k + 1 for k in ks), f"logits have {R} rows for drafts of lengths {ks}"
@@ -82,8 +86,10 @@ def verify_round(logits: Tensor, drafts: Sequence[RoundDraft]) -> RoundOutcome:
 
     # 1. The target's choice at every row: argmax, or a sample with the row's u_sample.
     if all(d.temperature <= 0 for d in drafts):
-        choice = logits.argmax(dim=-1).tolist()  # [R]: a greedy round needs nothing else
+        choice = (argmax if argmax is not None else logits.argmax(dim=-1)).tolist()  # [R]: all a greedy round needs
         rows, probs = None, None
+        if argmax is not None and min(choice) < 0:
+            raise ValueError("the target returned NaN or infinite logits")
     else:
         def per_row(f, dtype):  # noqa: ANN001, ANN202
             return torch.tensor([f(d) for d, k in zip(drafts, ks, strict=True) for _ in range(k + 1)], dtype=dtype)

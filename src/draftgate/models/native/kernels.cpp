@@ -56,7 +56,28 @@ struct Batch {  // one ragged forward, as the runner describes it
   int R;
   const int64_t* logit_rows;  // [R]
   float* logits;              // [R, Vout]
+  int64_t* argmax;            // [R] first index of each row's maximum; -1 if the row has a NaN or an inf
 };
+
+// This thread's (max, first index) over columns [c0, c1) of a row, and whether it saw a non-finite value.
+struct RowMax {
+  float value = -INFINITY;
+  int64_t index = -1;
+  bool finite = true;
+};
+
+static RowMax row_max(const float* row, int64_t c0, int64_t c1) {
+  RowMax r;
+  for (int64_t c = c0; c < c1; c++) {
+    float v = row[c];
+    if (!std::isfinite(v)) r.finite = false;
+    if (v > r.value) {  // strict: the first maximum wins, as torch.argmax
+      r.value = v;
+      r.index = c;
+    }
+  }
+  return r;
+}
 
 static std::mutex g_pool_mu;
 static std::unique_ptr<Pool> g_pool;
@@ -271,6 +292,7 @@ static void forward(const Model& m, const Batch& bt, int B) {
   std::vector<float> hf(size_t(bt.R) * C);
   const auto slots = slot_lists(bt, B);
   Pool& P = pool();
+  std::vector<RowMax> part(size_t(P.size()) * bt.R);
   Barrier team(P.size());
   std::vector<std::vector<float>> scratch(P.size(), std::vector<float>(size_t(max_ctx)));
 
@@ -334,6 +356,23 @@ static void forward(const Model& m, const Batch& bt, int B) {
       rmsnorm_row(&x[size_t(bt.logit_rows[r]) * C], m.final_norm, C, m.eps, &hf[size_t(r) * C]);
     B.wait();
     gemm(m.head, hf.data(), bt.R, C, bt.logits, m.head->N, false, tid, nt);
+    B.wait();
+    // Greedy choice of every logit row: each thread scans a column range, thread 0 merges in order.
+    const int64_t V = m.head->N;
+    for (int r = 0; r < bt.R; r++)
+      part[size_t(tid) * bt.R + r] = row_max(bt.logits + size_t(r) * V, V * tid / nt, V * (tid + 1) / nt);
+    B.wait();
+    if (tid == 0) {
+      for (int r = 0; r < bt.R; r++) {
+        RowMax best = part[r];
+        for (int t = 1; t < nt; t++) {
+          const RowMax& o = part[size_t(t) * bt.R + r];
+          best.finite = best.finite && o.finite;
+          if (o.value > best.value) best = RowMax{o.value, o.index, best.finite};
+        }
+        bt.argmax[r] = best.finite && best.index >= 0 ? best.index : -1;
+      }
+    }
     clk.lap(P_HEAD);
   });
 }
@@ -425,14 +464,15 @@ void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
 
 int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq, int B,
                const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
-               int64_t layer_stride, int R, const int64_t* logit_rows, float* logits) {
+               int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax) {
   const Model& m = *static_cast<Model*>(mp);
   return guarded([&] {
     for (int i = 0; i < N; i++)
       if (tokens[i] < 0 || tokens[i] >= m.vocab)
         throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
                                 std::to_string(m.vocab) + ")");
-    Batch bt{N, tokens, positions, row_seq, tables, table_off, block_size, kc, vc, layer_stride, R, logit_rows, logits};
+    Batch bt{N,  tokens, positions, row_seq, tables,     table_off, block_size,
+             kc, vc,     layer_stride, R,   logit_rows, logits,    argmax};
     forward(m, bt, B);
   });
 }
