@@ -2,7 +2,8 @@
 
 Order of work (so ratios survive a machine whose speed drifts):
 
-1. one warm-up request per arm (excluded from every number);
+1. one warm-up request per arm (excluded from every number), on a prompt of its own: warming
+   up on a measured prompt would put its answer in the suffix drafter's global cache;
 2. for each load level (fixed concurrency c, or Poisson arrivals at a rate), for
    each run, for each category, the category's prompts are cut into *windows*
    (c prompts by default; 8 with ``rate``);
@@ -26,6 +27,9 @@ from draftgate.bench.arms import Arm, ArmError
 from draftgate.bench.prompts import BenchPrompt
 from draftgate.bench.stats import RequestRecord, WindowRecord, group_by, itl_from_chunks
 from draftgate.types import SamplingParams
+
+# Not in any prompt set: the warm-up must not prime a drafter's cache with a measured answer.
+WARMUP_PROMPT = BenchPrompt("warmup", "warmup", ("Say hello and introduce yourself in one sentence.",))
 
 __all__ = ["BenchConfig", "BenchResult", "Load", "run_bench"]
 
@@ -129,7 +133,7 @@ async def _run(
     try:
         if cfg.warmup:
             for name, arm in arms.items():
-                rec = await _request(arm, prompts[0], 0, [], cfg.params, Load("warmup"), -1)
+                rec = await _request(arm, WARMUP_PROMPT, 0, [], cfg.params, Load("warmup"), -1)
                 if rec.error:
                     raise ArmError(f"warm-up request on arm {name} failed: {rec.error}")
                 done += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 from draftgate.drafters import NgramDrafter, SuffixDrafter
@@ -55,11 +54,15 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
 
 
 def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
-    """auto adds a model drafter when one is at hand: --draft-model, or llama.cpp on a GGUF target."""
+    """auto adds a model drafter when one is configured (--draft-model).
+
+    Not llama.cpp on its own any more (it was auto's default draft while the target was 3-5x
+    slower): against the native target a Q4 llama.cpp draft step costs half a target step, and on
+    open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md, issue 12).
+    ``--drafter quant`` still runs it on purpose.
+    """
     if cfg.draft_model:
         return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
-    if target.gguf_path is not None and cfg.device == "cpu" and importlib.util.find_spec("llama_cpp"):
-        return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.QUANT}), target)
     return None
 
 
