@@ -461,3 +461,52 @@ def test_surprise_drops_the_pooled_prior() -> None:
     assert ctl.tracker.prior_alpha == 0.5 and len(ctl.tracker) == 1  # the neutral prior again
     _, ks, _ = simulate(1.0, linear, 30, seed=7, ctl=ctl, cost=cost)
     assert all(k >= 3 for k in ks[-10:])
+
+
+# ------------------------------------------------------------------ catch-up pricing
+
+
+def test_catch_up_cost_is_a_median_per_token_and_zero_before_any_call() -> None:
+    cost = CostModel()
+    assert cost.catch_up_time("m", 100) == 0.0
+    for seconds in (1.0, 1.2, 0.8, 50.0):  # per 100 tokens; one outlier (a GC pause)
+        cost.observe_catch_up("m", 100, seconds)
+    assert cost.catch_up_time("m", 10) == pytest.approx(0.11)
+    cost.observe_catch_up("m", 5, -1.0)  # below the steady-state estimate: counts as free
+    assert cost.catch_up_time("other", 10) == 0.0
+    with pytest.raises(ValueError):
+        cost.observe_catch_up("m", 0, 1.0)
+
+
+def _catching_up(alpha: float, draft_per_token: float, catch_per_token: float) -> tuple[GoodputController, CostModel]:
+    cost = measured(linear)
+    for k in range(1, K_MAX + 1):
+        cost.observe_draft("m", k, draft_per_token * k)
+    cost.observe_catch_up("m", 10, 10 * catch_per_token)
+    ctl = GoodputController(K_MAX, "m")
+    rng = random.Random(0)
+    for _ in range(40):
+        k = 4
+        ctl.record(k, accepted_count(rng, k, alpha))
+    return ctl, cost
+
+
+def test_a_catch_up_that_speculation_cannot_repay_keeps_plain_decoding() -> None:
+    """A model drafter at break-even (llama.cpp's Q4 draft against the native target): K > 0 only
+    in steady state; after a pause (or before a request's first draft) its catch-up is not paid."""
+    ctl, cost = _catching_up(alpha=0.9, draft_per_token=0.3, catch_per_token=0.5)
+    assert ctl.choose_k(cost, catch_up=0, remaining=200) > 0  # steady state: still worth drafting
+    assert ctl.choose_k(cost, catch_up=300, remaining=200) == 0  # a 300-token prompt to prefill first
+    assert ctl.choose_k(cost, catch_up=300, remaining=None) > 0  # unbounded request: it pays back
+
+
+def test_a_catch_up_that_speculation_repays_is_paid() -> None:
+    ctl, cost = _catching_up(alpha=0.9, draft_per_token=0.01, catch_per_token=0.005)
+    assert ctl.choose_k(cost, catch_up=300, remaining=200) > 0  # 1.5 s of catch-up, 200 tokens to gain on
+
+
+def test_probes_are_skipped_when_their_catch_up_cannot_pay() -> None:
+    ctl, cost = _catching_up(alpha=0.0, draft_per_token=0.3, catch_per_token=1.0)
+    ks = [ctl.choose_k(cost, catch_up=20 + i, remaining=30) for i in range(300)]
+    assert set(ks) == {0} and ctl.probes == 0
+    assert ctl.interval == ctl.max_probe_interval  # each skipped probe backed off

@@ -89,6 +89,7 @@ class CostModel:
         self._slope: float | None = None  # fitted b; lazy
         self._draft: dict[str, dict[int, deque[float]]] = {}  # drafter -> k -> last `window` seconds
         self._draft_fit: dict[str, tuple[float, float]] = {}  # drafter -> (overhead, per-token); lazy
+        self._catch_up: dict[str, deque[float]] = {}  # drafter -> last `window` seconds per caught-up token
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
         """One target forward over num_tokens tokens in total (all sequences) took seconds."""
@@ -156,6 +157,22 @@ class CostModel:
             obs = per_k[num_tokens] = deque(maxlen=self._window)
         obs.append(seconds)
         self._draft_fit.pop(drafter, None)
+
+    def observe_catch_up(self, drafter: str, num_tokens: int, seconds: float) -> None:
+        """A draft call also brought the drafter up to date on num_tokens tokens it had not seen.
+
+        ``seconds`` is what the call took beyond its steady-state price (``draft_time``). A
+        lookup drafter indexes a token in microseconds; a model drafter runs its forward over
+        them (llama.cpp's Q4 draft here: ~10 ms a token, a prompt prefill of 0.2-0.4 s).
+        """
+        _check(num_tokens, 1, max(0.0, seconds))
+        obs = self._catch_up.setdefault(drafter, deque(maxlen=self._window))
+        obs.append(max(0.0, seconds) / num_tokens)
+
+    def catch_up_time(self, drafter: str, num_tokens: int) -> float:
+        """Estimated seconds to bring drafter up to date on num_tokens tokens (0 before any observation)."""
+        obs = self._catch_up.get(drafter)
+        return statistics.median(obs) * num_tokens if obs and num_tokens > 0 else 0.0
 
     def draft_time(self, drafter: str, k: int) -> float:
         """Estimated seconds for drafter to propose k tokens; 0 for k == 0 or before any call."""
@@ -372,11 +389,22 @@ class GoodputController:
         self._probing = False  # the last choose_k returned a probe ...
         self._probe_seen = False  # ... and its outcome has been recorded
 
-    def choose_k(self, cost: CostModel, other_tokens: int = 0) -> int:
-        """K for this round; other_tokens = tokens other sequences put in the same forward."""
+    def choose_k(
+        self, cost: CostModel, other_tokens: int = 0, catch_up: int = 0, remaining: int | None = None
+    ) -> int:
+        """K for this round.
+
+        other_tokens: tokens other sequences put in the same forward. catch_up: tokens the
+        drafter has not seen yet (the whole history before a request's first draft, the plain
+        rounds' tokens after a pause), which drafting now must pay for once; it is paid only
+        if speculating over the ``remaining`` tokens of the request (None: unbounded) saves
+        more time than it costs, so an expensive drafter is not started where it cannot win.
+        """
         if other_tokens < 0:
             raise ValueError(f"other_tokens must be >= 0, got {other_tokens!r}")
         k = self._best_k(cost, other_tokens)
+        if k > 0 and not self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=0.0):
+            k = 0
         if self._probing:
             self._probing = False
             if k == 0 and self._probe_seen:  # the probe confirmed plain decoding: back off
@@ -384,13 +412,34 @@ class GoodputController:
         if k > 0:
             self.interval, self._zero_run = self.probe_interval, 0
         elif self.k_max > 0 and self._zero_run >= self.interval:
-            self._zero_run, self._probing, self._probe_seen = 0, True, False
-            self.probes += 1
+            self._zero_run = 0
             k = self.probe_k or self._probe_size(cost, other_tokens)
+            if self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=OPTIMISM):
+                self._probing, self._probe_seen = True, False
+                self.probes += 1
+            else:  # even an optimistic probe would not repay its catch-up: back off without it
+                self.interval = min(2 * self.interval, self.max_probe_interval)
+                k = 0
         else:
             self._zero_run += 1
         self.last_k = k
         return k
+
+    def _worth_catching_up(
+        self, cost: CostModel, other_tokens: int, catch_up: int, remaining: int | None, k: int, z: float
+    ) -> bool:
+        """Whether drafting k now, after catching the drafter up on catch_up tokens, can pay off:
+        the time speculation at this K saves over the remaining tokens exceeds the catch-up."""
+        t_catch = cost.catch_up_time(self.drafter, catch_up)
+        if t_catch <= 0.0:
+            return True
+        if remaining is None:
+            return True
+        plain_rate = _rate(1.0, cost.forward_time(other_tokens + 1, optimistic=True))
+        spec_rate = _goodputs(self.tracker.alphas(k, z=z), self._step_times(cost, other_tokens)[:k])[-1]
+        if spec_rate <= plain_rate:
+            return False
+        return remaining * (1.0 / plain_rate - 1.0 / spec_rate) > t_catch
 
     def _best_k(self, cost: CostModel, other_tokens: int) -> int:
         if self.k_max == 0:

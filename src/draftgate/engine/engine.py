@@ -43,6 +43,7 @@ class _Req:
     drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
     drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
+    synced: int = 0  # history length when the drafter last saw this request (0: never)
 
 
 @dataclass
@@ -240,12 +241,15 @@ class Engine(Frontend):
         if self.drafter is None or not self.speculation_enabled or r.drafter_failed or not r.speculate:
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
-        k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens)
+        catch_up = 0 if r.drafted_last else len(r.seq.history) - r.synced
+        k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
         return max(0, min(k or 0, remaining - 1, self.k_max))
 
     def _step(self) -> None:
         batch = list(self._running)
         ks = [self._choose_k(r, len(batch) - 1) for r in batch]
+        lag = [0 if r.drafted_last else len(r.seq.history) - r.synced for r in batch]
+        seen = [len(r.seq.history) for r in batch]
         try:
             res = speculative_step(self.runner, self.drafter, [r.seq for r in batch], ks)
         except Exception as e:
@@ -253,15 +257,11 @@ class Engine(Frontend):
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")
             return
         self.cost.observe_forward(res.forward_tokens, res.forward_s)
-        drafted_total = sum(res.drafted)
-        # Only steady-state calls price a draft: after plain rounds a model drafter first
-        # catches up on the tokens it missed, a cost of not drafting, not of k; counted
-        # per k it would price drafting out for good (probes would only confirm it).
-        steady = all(r.drafted_last for r, k in zip(batch, res.drafted, strict=True) if k)
-        if drafted_total and self.drafter is not None and steady:
-            self.cost.observe_draft(self.drafter.name, drafted_total, res.draft_s)
-        for r, k in zip(batch, res.drafted, strict=True):
+        self._observe_draft_cost(batch, ks, res.drafted, lag, res.draft_s)
+        for r, k, asked, n in zip(batch, res.drafted, ks, seen, strict=True):
             r.drafted_last = k > 0
+            if asked:
+                r.synced = n
         with self._lock:
             for r, k, a, failed in zip(batch, res.drafted, res.accepted, res.draft_failed, strict=True):
                 r.seq.stats.record_round(k, a, a + 1)
@@ -280,6 +280,30 @@ class Engine(Frontend):
             self.stats.verify_time_s += res.forward_s
         for r, emitted in zip(batch, res.emitted, strict=True):
             self._emit(r, emitted)
+
+    def _observe_draft_cost(
+        self, batch: list[_Req], asked: list[int], drafted: list[int], lag: list[int], seconds: float
+    ) -> None:
+        """Price this round's draft call: per k in steady state, else its catch-up per token.
+
+        Steady state (every drafting request drafted last round too) prices a call by its k. A
+        call that also caught the drafter up on tokens it had missed (a request's prompt, the
+        plain rounds since its last draft) is a cost of catching up, not of k: counted per k it
+        would price a cheap steady-state drafter out for good; counted per caught-up token
+        (only when one request drafted, so the excess is its own) the controller weighs it
+        against what speculating would save (GoodputController.choose_k).
+        """
+        if self.drafter is None or not any(asked):
+            return
+        name = self.drafter.name
+        total = sum(drafted)
+        behind = [(k, n) for k, n in zip(asked, lag, strict=True) if k and n]
+        if not behind:
+            if total:
+                self.cost.observe_draft(name, total, seconds)
+        elif len([k for k in asked if k]) == 1:
+            (k, n), = behind
+            self.cost.observe_catch_up(name, n, seconds - self.cost.draft_time(name, max(total, 1)))
 
     def _emit(self, r: _Req, tokens: list[int]) -> None:
         s = r.seq
