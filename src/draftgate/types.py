@@ -72,6 +72,7 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    approximate: bool = False  # some round was verified by an approximation (openai+http sampling)
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,6 +103,7 @@ class SpecStats:
             self.accepted_per_pos[i] += v
         self.draft_time_s += other.draft_time_s
         self.verify_time_s += other.verify_time_s
+        self.approximate |= other.approximate
 
     def to_json(self) -> dict[str, object]:
         return {

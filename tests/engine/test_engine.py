@@ -108,7 +108,7 @@ def assert_no_leaks(engine: Engine) -> None:
     """Every request has ended: no sequence registered, blocks free or held only by the prefix cache."""
     wait_idle(engine)
     engine.runner.kv.check_no_leaks()
-    assert engine._reserved == 0, f"engine still reserves {engine._reserved} blocks"
+    assert engine.target.reserved_blocks == 0, f"engine still reserves {engine.target.reserved_blocks} blocks"
 
 
 def spec_engine(

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
+from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.step import speculative_step
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
@@ -159,7 +160,7 @@ def test_step_with_sampled_drafter_emits_target_distribution(
     try:
         for rep in range(R):
             seqs = [_seq(runner, SAMPLED, seed=rep * B + sid, seq_id=sid) for sid in ids]
-            res = speculative_step(runner, drafter, seqs, [K] * B)
+            res = speculative_step(LocalTarget(runner), drafter, seqs, [K] * B)
             for s, e, a in zip(seqs, res.emitted, res.accepted, strict=True):
                 counts[e[0]] += 1
                 accepted += a
@@ -220,7 +221,7 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
     drafter = FixedDrafter(drafts)
     seqs = [_seq(runner, GREEDY, seed=0, seq_id=sid) for sid in plan]
     try:
-        res = speculative_step(runner, drafter, seqs, [k for k, _ in plan.values()])
+        res = speculative_step(LocalTarget(runner), drafter, seqs, [k for k, _ in plan.values()])
         assert res.drafted == [k for k, _ in plan.values()]
         assert res.accepted == [a for _, a in plan.values()]
         assert res.forward_tokens == sum(k + 1 for k, _ in plan.values())
@@ -228,7 +229,7 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
             assert e == cont[: a + 1] and s.output == plain[: a + 2]
             assert runner.length(s.seq_id) == len(PROMPT) + 1 + a == len(s.history) - 1
         # A second step continues from the rolled-back state exactly as plain decoding would.
-        res2 = speculative_step(runner, None, seqs, [0] * len(seqs))
+        res2 = speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
         for s, e in zip(seqs, res2.emitted, strict=True):
             assert s.output == plain[: len(s.output)] and len(e) == 1
     finally:
@@ -263,7 +264,7 @@ def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | Non
         runner.prefill(sid, PROMPT)
         seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
     try:
-        res = speculative_step(runner, drafter, seqs, [3, 3, 3])
+        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 3, 3])
         assert res.draft_failed == [False, True, False]
         assert res.drafted == [3, 0, 3]
         for s in seqs:

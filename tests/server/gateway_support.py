@@ -76,7 +76,7 @@ def wait_idle(engine: Engine, timeout: float = WAIT_S) -> None:
 def assert_no_leaks(engine: Engine) -> None:
     wait_idle(engine)
     engine.runner.kv.check_no_leaks()
-    assert engine._reserved == 0, f"engine still reserves {engine._reserved} blocks"
+    assert engine.target.reserved_blocks == 0, f"engine still reserves {engine.target.reserved_blocks} blocks"
 
 
 def metric(gateway: Gateway, name: str, **labels: str) -> float:

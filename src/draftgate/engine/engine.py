@@ -1,10 +1,13 @@
-"""The engine: continuous batching of requests over one target and one drafter.
+"""The engine: the one request loop, continuous batching over one round target and one drafter.
 
-A background thread owns the model (a forward is blocking, CPU-bound work) and
-runs the loop: admit waiting requests (prefill), run one speculative step over
-all running ones, hand emitted tokens to each request's sink, free finished
-ones. Callers talk to it through ``submit`` (thread-safe), ``generate`` (async
-iterator) or ``complete`` (blocking).
+A background thread runs the loop: admit a waiting request (the target prefills it), run one
+speculative step over all running ones (draft here, verify on the target), hand emitted tokens
+to each request's sink, end finished ones. The target is where the model runs
+(``engine.target.RoundTarget``): our runner in this process (``LocalTarget``, the default),
+a gRPC worker session, or an OpenAI-compatible server; everything else about a request
+(admission, K choice, stats, emission, stop rules, cancellation, cleanup) lives here once.
+Callers talk to it through ``submit`` (thread-safe), ``generate`` (async iterator) or
+``complete`` (blocking).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import torch
 from draftgate.drafters.base import Drafter
 from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
+from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import first_token, speculative_step
-from draftgate.errors import BadRequestError, CapacityError
+from draftgate.engine.step import speculative_step
+from draftgate.engine.target import NotNow, RoundTarget
+from draftgate.errors import CapacityError
 from draftgate.models.runner import ModelRunner
 from draftgate.types import SamplingParams, SpecStats
 
@@ -36,7 +41,6 @@ class _Req:
     seq: SequenceState
     sink: Sink
     controller: GoodputController | None
-    reserved_blocks: int
     detok: _Detok
     cancelled: bool = False
     started: bool = False
@@ -68,15 +72,17 @@ class _Detok:
 class Engine(Frontend):
     def __init__(
         self,
-        runner: ModelRunner,
+        target: RoundTarget | ModelRunner,
         drafter: Drafter | None,
         k: int | None = None,
         k_max: int = 8,
         max_batch: int = 16,
         max_queue: int = 256,
     ) -> None:
-        self.runner = runner
-        self.tokenizer = runner.tokenizer
+        self.target: RoundTarget = LocalTarget(target) if isinstance(target, ModelRunner) else target
+        # Our runner when the target is local (tests and the embedded route look at its KV), else None.
+        self.runner: ModelRunner | None = self.target.runner if isinstance(self.target, LocalTarget) else None
+        self.tokenizer = self.target.tokenizer
         self.drafter = drafter
         self.k = k
         self.k_max = k_max if drafter is not None else 0
@@ -88,7 +94,6 @@ class Engine(Frontend):
         self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
         self._waiting: deque[_Req] = deque()
         self._running: list[_Req] = []
-        self._reserved = 0
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -121,21 +126,7 @@ class Engine(Frontend):
         ``speculate=False`` decodes this request plainly (K = 0) whatever the engine's switch says.
         """
         params.validate()
-        ctx = self.runner.config.max_position_embeddings
-        if len(prompt_ids) + params.max_new_tokens > ctx:
-            raise BadRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
-            )
-        V = self.runner.vocab_size
-        if any(not 0 <= t < V for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be in [0, {V})")
-        need = self._blocks_for(len(prompt_ids) + params.max_new_tokens + self.k_max + 1)
-        if need > self.runner.kv.num_blocks:
-            raise BadRequestError(
-                f"request needs {need} KV blocks but the cache has {self.runner.kv.num_blocks}; "
-                "lower max_tokens or start the engine with more --kv-blocks"
-            )
+        self.target.check(prompt_ids, params, self.k_max)  # BadRequestError: can never run here
         if self._inbox.qsize() + len(self._waiting) >= self.max_queue:
             raise CapacityError("the engine's queue is full; retry later")
         gen = torch.Generator()
@@ -147,7 +138,7 @@ class Engine(Frontend):
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
             ctl = GoodputController(self.k_max, self.drafter.name, pool=self.acceptance)
-        req = _Req(seq, sink, ctl, need, _Detok(seq.stop), speculate=speculate)
+        req = _Req(seq, sink, ctl, _Detok(seq.stop), speculate=speculate)
         self._inbox.put(req)
         self._wake.set()
 
@@ -158,7 +149,7 @@ class Engine(Frontend):
         return cancel
 
     def kv_stats(self) -> dict[str, int]:
-        return self.runner.kv.stats()
+        return self.target.kv_stats()
 
     @property
     def num_running(self) -> int:
@@ -169,10 +160,6 @@ class Engine(Frontend):
         return len(self._waiting) + self._inbox.qsize()
 
     # ---------------------------------------------------------------- the loop
-
-    def _blocks_for(self, n_tokens: int) -> int:
-        bs = self.runner.block_size
-        return (n_tokens + bs - 1) // bs
 
     def _loop(self) -> None:
         while not self._stop:
@@ -192,16 +179,15 @@ class Engine(Frontend):
         self._waiting.clear()
 
     def _turn(self) -> None:
-        if True:
-            self._drain_inbox()
-            self._reap_cancelled()
-            if not self._running and not self._waiting:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                return
-            self._admit_one()
-            if self._running:
-                self._step()
+        self._drain_inbox()
+        self._reap_cancelled()
+        if not self._running and not self._waiting:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            return
+        self._admit_one()
+        if self._running:
+            self._step()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -218,24 +204,21 @@ class Engine(Frontend):
             self._finish(r, "abort")
 
     def _admit_one(self) -> None:
-        """Prefill one waiting request (one per loop turn keeps running requests flowing)."""
+        """Open one waiting request on the target (one per loop turn keeps running requests flowing)."""
         if not self._waiting or len(self._running) >= self.max_batch:
             return
         r = self._waiting[0]
-        if self._reserved + r.reserved_blocks > self.runner.kv.num_blocks:
-            return  # waits until running requests free their blocks
-        self._waiting.popleft()
-        s = r.seq
         try:
-            logits = self.runner.prefill(s.seq_id, s.prompt)[None]  # [1, V]
-            first = first_token(logits, s)
-        except Exception as e:  # a failed prefill fails this request only
-            self.runner.free(s.seq_id)
-            self._deliver(r, Chunk([], "", "error", error=f"{type(e).__name__}: {e}", stats=s.stats))
+            done = self.target.open(r.seq, self.k_max)
+        except NotNow:
+            return  # waits, first in line, until running requests free the target's capacity
+        self._waiting.popleft()
+        if done.error is not None:  # a failed prefill fails this request only
+            self.target.close(r.seq.seq_id)
+            self._deliver(r, Chunk([], "", "error", error=done.error, stats=r.seq.stats))
             return
-        self._reserved += r.reserved_blocks
         self._running.append(r)
-        self._emit(r, s.append([first]))
+        self._emit(r, r.seq.append(done.emitted))
 
     def _choose_k(self, r: _Req, other_tokens: int) -> int:
         if self.drafter is None or not self.speculation_enabled or r.drafter_failed or not r.speculate:
@@ -251,7 +234,7 @@ class Engine(Frontend):
         lag = [0 if r.drafted_last else len(r.seq.history) - r.synced for r in batch]
         seen = [len(r.seq.history) for r in batch]
         try:
-            res = speculative_step(self.runner, self.drafter, [r.seq for r in batch], ks)
+            res = speculative_step(self.target, self.drafter, [r.seq for r in batch], ks)
         except Exception as e:
             for r in batch:  # the target failed: a clear error to each request, KV freed
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")
@@ -263,8 +246,10 @@ class Engine(Frontend):
             if asked:
                 r.synced = n
         with self._lock:
-            for r, k, a, failed in zip(batch, res.drafted, res.accepted, res.draft_failed, strict=True):
+            rows = zip(batch, res.drafted, res.accepted, res.draft_failed, res.approximate, strict=True)
+            for r, k, a, failed, approx in rows:
                 r.seq.stats.record_round(k, a, a + 1)
+                r.seq.stats.approximate |= approx
                 r.seq.stats.draft_time_s += res.draft_s  # each request waits the whole round
                 r.seq.stats.verify_time_s += res.forward_s
                 self.stats.record_round(k, a, a + 1)
@@ -278,8 +263,11 @@ class Engine(Frontend):
                         r.drafter_failed = True
             self.stats.draft_time_s += res.draft_s
             self.stats.verify_time_s += res.forward_s
-        for r, emitted in zip(batch, res.emitted, strict=True):
-            self._emit(r, emitted)
+        for r, emitted, error in zip(batch, res.emitted, res.errors, strict=True):
+            if error is not None:
+                self._finish(r, "error", error=error)
+            else:
+                self._emit(r, emitted)
 
     def _observe_draft_cost(
         self, batch: list[_Req], asked: list[int], drafted: list[int], lag: list[int], seconds: float
@@ -315,10 +303,9 @@ class Engine(Frontend):
 
     def _finish(self, r: _Req, reason: str, tokens: list[int] | None = None, error: str | None = None) -> None:
         """Every path that ends a request comes here: KV freed, drafter state dropped, sink told."""
-        self.runner.free(r.seq.seq_id)  # before leaving _running: num_running == 0 implies KV is back
+        self.target.close(r.seq.seq_id)  # before leaving _running: num_running == 0 implies KV is back
         if r in self._running:
             self._running.remove(r)
-            self._reserved -= r.reserved_blocks
         if self.drafter is not None:
             try:
                 self.drafter.release(r.seq.seq_id)

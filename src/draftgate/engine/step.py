@@ -1,19 +1,14 @@
-"""The speculative step: draft -> one batched target forward -> verify -> rollback -> emit.
+"""The speculative step: draft -> one round on the target -> emit.
 
 For a batch of running sequences with per-sequence draft lengths k_i:
 
 1. the drafter proposes up to k_i tokens per sequence;
-2. one ragged target forward runs [pending token, drafts...] for every sequence
-   and returns logits at all k_i + 1 positions;
-3. verification decides how many drafts each sequence keeps (jagged acceptance)
-   and the one extra token it emits (recovered or bonus);
-4. each sequence's KV is truncated to its accepted length (the rollback);
-5. emitted tokens are appended, cut exactly where plain decoding would stop.
-
-Step 3 is one call for the whole batch (``verify.verify_round``): deterministic
-drafts (n-gram, suffix, greedy model: one-hot q) are verified by *matching* the
-target's own choice (identical to plain decoding with the same seed), drafts that
-carry a sampled q by exact rejection sampling.
+2. the round target verifies every sequence's [pending token, drafts...] in one round
+   (``engine.target``: for our runner, one ragged forward and one ``verify.verify_round``
+   call for the whole batch: deterministic drafts are verified by *matching* the target's own
+   choice, identical to plain decoding with the same seed; drafts that carry a sampled q by
+   exact rejection sampling) and rolls each sequence back to its accepted prefix;
+3. emitted tokens are appended, cut exactly where plain decoding would stop.
 
 A drafter that raises, or returns a draft that does not fit the request (more
 than k tokens, ids outside the vocabulary, q of the wrong shape), costs only the
@@ -31,10 +26,9 @@ import torch
 
 from draftgate.drafters.base import Draft, Drafter, DraftRequest, SparseQ
 from draftgate.engine.sequence import SequenceState
-from draftgate.models.runner import ForwardItem, ModelRunner
-from draftgate.verify import RoundDraft, target_choice, verify_round
+from draftgate.engine.target import RoundTarget, RoundWork
 
-__all__ = ["StepResult", "speculative_step", "first_token"]
+__all__ = ["StepResult", "speculative_step"]
 
 _NO_DRAFT = Draft(token_ids=[])
 
@@ -48,54 +42,33 @@ class StepResult:
     forward_s: float
     forward_tokens: int
     draft_failed: list[bool]  # per sequence, the drafter raised or returned an invalid draft
-
-
-def first_token(logits: torch.Tensor, seq: SequenceState) -> int:
-    """The token plain decoding picks after the prompt: logits [1, V] (uniforms of output position 0)."""
-    p = seq.params
-    u = seq.rand.get(0, 1)  # [1, 2]
-    one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
-    choice = target_choice(logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64),
-                           one(p.top_p, torch.float32), u[:, 1])  # fmt: skip
-    return int(choice[0])
+    errors: list[str | None]  # per sequence, the target's error (that request ends), else None
+    approximate: list[bool]  # per sequence, verified by an approximation the route allowed
 
 
 def speculative_step(
-    runner: ModelRunner, drafter: Drafter | None, seqs: Sequence[SequenceState], ks: Sequence[int]
+    target: RoundTarget, drafter: Drafter | None, seqs: Sequence[SequenceState], ks: Sequence[int]
 ) -> StepResult:
     # 1. Draft.
     t0 = time.perf_counter()
     drafts: list[Draft] = [_NO_DRAFT] * len(seqs)
     failed = [False] * len(seqs)
     if drafter is not None and any(ks):
-        drafts, failed = _draft(drafter, seqs, ks, runner.vocab_size)
+        drafts, failed = _draft(drafter, seqs, ks, target.info.vocab_size)
     t1 = time.perf_counter()
 
-    # 2. One batched target forward over [pending, drafts...] per sequence.
-    items = [
-        ForwardItem(s.seq_id, [s.pending, *d.token_ids], len(d.token_ids) + 1)
-        for s, d in zip(seqs, drafts, strict=True)
-    ]
-    out = runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax
+    # 2. One round on the target: verify every sequence's drafts, roll each back to its accepted prefix.
+    done = target.run([RoundWork(s, d) for s, d in zip(seqs, drafts, strict=True)])
     t2 = time.perf_counter()
 
-    # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix; 5. emit.
-    round_drafts = [_round_draft(s, d) for s, d in zip(seqs, drafts, strict=True)]
-    outcome = verify_round(out.logits, round_drafts, out.argmax)
-    emitted = []
-    for s, out, a in zip(seqs, outcome.emitted, outcome.accepted, strict=True):
-        runner.truncate(s.seq_id, len(s.history) + a)  # KV keeps pending + accepted drafts
-        emitted.append(s.append(out))
+    # 3. Emit, cut where plain decoding stops.
+    emitted = [s.append(r.emitted) if r.error is None else [] for s, r in zip(seqs, done, strict=True)]
     drafted = [len(d.token_ids) for d in drafts]
-    n_tok = sum(len(it.tokens) for it in items)
-    return StepResult(emitted, drafted, outcome.accepted, t1 - t0, t2 - t1, n_tok, failed)
-
-
-def _round_draft(s: SequenceState, d: Draft) -> RoundDraft:
-    p, k = s.params, len(d.token_ids)
-    q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
-    u = None if p.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2] keyed by output position
-    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, u, q)
+    n_tok = sum(k + 1 for k in drafted)
+    return StepResult(
+        emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
+        [r.error for r in done], [r.approximate for r in done],
+    )  # fmt: skip
 
 
 def _draft(

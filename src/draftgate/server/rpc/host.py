@@ -9,9 +9,10 @@ every turn it
 2. admits one waiting session (prefill, first token) if its KV reserve fits,
 3. answers one stateless ``score`` call,
 4. runs every queued round of every session in ONE ``speculative_step`` batch
-   (one ragged target forward), which verifies with exactly the engine's code.
+   on the engine's own ``LocalTarget`` (one ragged target forward, the same
+   verification and rollback as the embedded engine).
 
-A session's first token is chosen as the engine chooses it (``first_token``
+A session's first token is chosen as the engine chooses it (``LocalTarget.open``
 with the request's position-keyed uniforms), so a session replays plain
 decoding token for token, and the client's drafts change only how many tokens
 each round yields.
@@ -31,8 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import first_token, speculative_step
+from draftgate.engine.step import speculative_step
+from draftgate.engine.target import NotNow
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -73,7 +76,6 @@ class ScoredPosition:
 class _Session:
     seq: SequenceState
     k_max: int
-    reserved: int  # KV blocks held back for this session's worst case
     opened: cf.Future[RoundResult]
     prefilled: bool = False
     done: bool = False  # finished or closed: KV freed
@@ -118,6 +120,7 @@ class SessionHost:
 
     def __init__(self, runner: ModelRunner, model_name: str = "", max_batch: int = 64) -> None:
         self.runner = runner
+        self.target = LocalTarget(runner)  # sessions' KV, prefill, rounds and rollback
         self.model_name = model_name
         self.max_batch = max_batch
         self._sessions: dict[int, _Session] = {}  # by seq_id; touched by the loop thread only
@@ -125,7 +128,6 @@ class SessionHost:
         self._pending_rounds: list[_Round] = []  # rounds left over when a batch was full
         self._scores: deque[_Score] = deque()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
-        self._reserved = 0
         self._open_count = 0  # sessions opened and not yet closed (any thread reads it)
         self.sessions_total = 0  # sessions ever opened
         self._count_lock = threading.Lock()
@@ -183,7 +185,7 @@ class SessionHost:
         gen = torch.Generator()
         gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
         seq = SequenceState(prompt, params, PositionRandom(gen), StopChecker(self.runner.tokenizer, params))
-        sess = _Session(seq, max_draft_tokens, need, cf.Future())
+        sess = _Session(seq, max_draft_tokens, cf.Future())
         with self._count_lock:
             self._open_count += 1
             self.sessions_total += 1
@@ -332,26 +334,26 @@ class SessionHost:
         if sess.done:
             return
         sess.done = True
-        if sess.prefilled:
-            self._reserved -= sess.reserved
-        self.runner.free(sess.seq.seq_id)
+        self.target.close(sess.seq.seq_id)
 
     def _admit_one(self) -> bool:
         """Prefill the first waiting session whose reserve fits (FIFO: no overtaking)."""
-        if not self._waiting or self._reserved + self._waiting[0].reserved > self.runner.kv.num_blocks:
+        if not self._waiting:
             return False
-        sess = self._waiting.popleft()
+        sess = self._waiting[0]
         s = sess.seq
         try:
-            logits = self.runner.prefill(s.seq_id, s.prompt)[None]  # [1, V]
-            first = first_token(logits, s)
-        except Exception as e:  # a failed prefill fails this session only (prefill freed its KV)
+            done = self.target.open(s, sess.k_max)
+        except NotNow:
+            return False
+        self._waiting.popleft()
+        if done.error is not None:  # a failed prefill fails this session only (its KV is freed)
             sess.done = True
-            _resolve(sess.opened, error=e)
+            self.target.close(s.seq_id)
+            _resolve(sess.opened, error=RuntimeError(done.error))
             return True
         sess.prefilled = True
-        self._reserved += sess.reserved
-        kept = s.append([first])
+        kept = s.append(done.emitted)
         if s.finish_reason is not None:
             self._release(sess)
         _resolve(sess.opened, RoundResult(kept, 0, s.finish_reason))
@@ -377,12 +379,16 @@ class SessionHost:
         sent = _SentDrafts({sid: r.draft for sid, r in batch.items()})
         ks = [len(r.draft.token_ids) for r in batch.values()]
         try:
-            res = speculative_step(self.runner, sent, [s.seq for s in sessions], ks)
+            res = speculative_step(self.target, sent, [s.seq for s in sessions], ks)
         except Exception as e:  # the target failed: each session in the batch hears it
             for r in batch.values():
                 _resolve(r.future, error=e)
             return True
-        for sess, r, out, a in zip(sessions, batch.values(), res.emitted, res.accepted, strict=True):
+        for sess, r, out, a, err in zip(sessions, batch.values(), res.emitted, res.accepted, res.errors, strict=True):
+            if err is not None:
+                self._release(sess)
+                _resolve(r.future, error=RuntimeError(err))
+                continue
             if sess.seq.finish_reason is not None:
                 self._release(sess)
             _resolve(r.future, RoundResult(out, a, sess.seq.finish_reason))

@@ -1,0 +1,109 @@
+"""LocalTarget: the round target on our own runner, in this process (the engine's default).
+
+A round is one ragged forward over [pending token, drafts...] of every sequence, one
+``verify_round`` call for all of them, and each sequence's KV truncated to its accepted prefix
+(the rollback). Admission reserves each sequence's worst-case KV blocks (prompt + max tokens +
+one round of drafts) so a running sequence can never run out of blocks mid-request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from draftgate.drafters.base import SparseQ
+from draftgate.engine.sequence import SequenceState
+from draftgate.engine.target import NotNow, RoundDone, RoundWork, TargetInfo
+from draftgate.errors import BadRequestError
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.types import SamplingParams
+from draftgate.verify import RoundDraft, target_choice, verify_round
+
+__all__ = ["LocalTarget", "first_token"]
+
+
+def first_token(logits: torch.Tensor, seq: SequenceState) -> int:
+    """The token plain decoding picks after the prompt: logits [1, V] (uniforms of output position 0)."""
+    p = seq.params
+    u = seq.rand.get(0, 1)  # [1, 2]
+    one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
+    choice = target_choice(logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64),
+                           one(p.top_p, torch.float32), u[:, 1])  # fmt: skip
+    return int(choice[0])
+
+
+class LocalTarget:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.tokenizer = runner.tokenizer
+        self.info = TargetInfo("local", runner.vocab_size, runner.config.max_position_embeddings)
+        self._reserved: dict[int, int] = {}  # seq_id -> KV blocks held back for it
+        self._reserved_total = 0
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return math.ceil(n_tokens / self.runner.block_size)
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
+        ctx = self.runner.config.max_position_embeddings
+        if len(prompt_ids) + params.max_new_tokens > ctx:
+            raise BadRequestError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
+            )
+        V = self.runner.vocab_size
+        if any(not 0 <= t < V for t in prompt_ids):
+            raise BadRequestError(f"prompt token ids must be in [0, {V})")
+        need = self._blocks_for(len(prompt_ids) + params.max_new_tokens + k_max + 1)
+        if need > self.runner.kv.num_blocks:
+            raise BadRequestError(
+                f"request needs {need} KV blocks but the cache has {self.runner.kv.num_blocks}; "
+                "lower max_tokens or start the engine with more --kv-blocks"
+            )
+
+    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
+        need = self._blocks_for(len(seq.prompt) + seq.params.max_new_tokens + k_max + 1)
+        if self._reserved_total + need > self.runner.kv.num_blocks:
+            raise NotNow("waiting for running requests to free KV blocks")
+        try:
+            logits = self.runner.prefill(seq.seq_id, seq.prompt)[None]  # [1, V]
+            first = first_token(logits, seq)
+        except Exception as e:  # a failed prefill fails this sequence only (prefill freed its KV)
+            self.runner.free(seq.seq_id)
+            return RoundDone([], 0, error=f"{type(e).__name__}: {e}")
+        self._reserved[seq.seq_id] = need
+        self._reserved_total += need
+        return RoundDone([first], 0)
+
+    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+        # 2. One batched forward over [pending, drafts...] per sequence.
+        items = [ForwardItem(w.seq.seq_id, [w.seq.pending, *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
+        out = self.runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax
+        # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix.
+        outcome = verify_round(out.logits, [_round_draft(w) for w in work], out.argmax)
+        for w, a in zip(work, outcome.accepted, strict=True):
+            self.runner.truncate(w.seq.seq_id, len(w.seq.history) + a)  # KV keeps pending + accepted drafts
+        return [RoundDone(e, a) for e, a in zip(outcome.emitted, outcome.accepted, strict=True)]
+
+    def close(self, seq_id: int) -> None:
+        self.runner.free(seq_id)
+        self._reserved_total -= self._reserved.pop(seq_id, 0)
+
+    @property
+    def reserved_blocks(self) -> int:
+        return self._reserved_total
+
+    def kv_stats(self) -> dict[str, int]:
+        return self.runner.kv.stats()
+
+    def shutdown(self) -> None:
+        pass  # the runner's memory goes with it
+
+
+def _round_draft(w: RoundWork) -> RoundDraft:
+    s, d = w.seq, w.draft
+    p, k = s.params, len(d.token_ids)
+    q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
+    u = None if p.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2] keyed by output position
+    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, u, q)

@@ -1,0 +1,87 @@
+"""The round target: the one seam between the request loop (``Engine``) and where the target runs.
+
+The engine owns everything about a request once: admission, K choice, drafting, stats,
+emission, stop rules, cancellation and cleanup. A round target owns only the target model's
+side of a sequence:
+
+1. ``open``: prefill the prompt and return the first token, chosen as plain decoding would;
+2. ``run``: verify one round of drafts for each of several sequences (one batched forward where
+   the target can batch), roll each sequence back to its accepted prefix, and return what the
+   round emits (accepted drafts + the recovered or bonus token, before stop cuts);
+3. ``close``: forget the sequence (free its KV or session); idempotent.
+
+Implementations: ``LocalTarget`` (our runner in this process), the gRPC worker session target
+(``server.rpc.grpc_target``) and the OpenAI-compatible server target
+(``server.backends.openai_target``). What a target can do is stated in ``TargetInfo``, never
+probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from draftgate.drafters.base import Draft
+from draftgate.engine.sequence import SequenceState
+from draftgate.models.tokenizer import TextTokenizer
+from draftgate.types import SamplingParams
+
+__all__ = ["TargetInfo", "RoundWork", "RoundDone", "RoundTarget", "NotNow"]
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a round target is and can do (fixed for its lifetime)."""
+
+    kind: str  # "local" | "grpc" | "openai": for logs and metrics labels only
+    vocab_size: int
+    max_context: int | None  # prompt + completion tokens it accepts (None: unknown)
+    exact_sampling: bool = True  # sampled requests are verified exactly (else refused or approximate)
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """One sequence's part of a round: its state (history, params, uniforms) and its drafts."""
+
+    seq: SequenceState
+    draft: Draft  # k >= 0 draft tokens, with q for sampled drafts
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """What a round (or an open) gave one sequence."""
+
+    emitted: list[int]  # accepted drafts + the recovered or bonus token (open: the first token)
+    accepted: int  # drafts accepted
+    error: str | None = None  # this sequence's target failed; the request ends with this error
+    approximate: bool = False  # verified by an approximation (a route that allowed it)
+
+
+class NotNow(Exception):
+    """``open`` cannot take the sequence yet (its KV reserve does not fit); try again later."""
+
+
+class RoundTarget(Protocol):
+    info: TargetInfo
+    tokenizer: TextTokenizer
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
+        """Raise BadRequestError (with what to do) if the request can never run on this target."""
+        ...
+
+    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
+        """Prefill ``seq.prompt``; the first token (``error`` set if it failed). Raises NotNow."""
+        ...
+
+    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+        """One round for each sequence, in order (a failed sequence gets ``error``, the rest go on)."""
+        ...
+
+    def close(self, seq_id: int) -> None:
+        """The sequence ended: free what it holds (idempotent)."""
+        ...
+
+    def kv_stats(self) -> dict[str, int]: ...
+
+    def shutdown(self) -> None: ...
