@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
-from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import speculative_step
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner

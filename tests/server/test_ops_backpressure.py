@@ -57,7 +57,12 @@ def test_flooding_a_tight_route_gives_429_with_retry_after_and_no_5xx(bp: Gatewa
     try:
         body = {"model": "bp-tight", "prompt": "hello world", "max_tokens": 20, "ignore_eos": True}
         with ThreadPoolExecutor(12) as pool:
-            answers = list(pool.map(lambda _: post(bp.url, body), range(12)))
+            first = pool.submit(post, bp.url, {**body, "max_tokens": 60})
+            deadline = time.monotonic() + WAIT_S
+            while engine.num_running == 0:  # the flood arrives while one request runs (max_batch 1)
+                assert time.monotonic() < deadline, "the first request never started"
+                time.sleep(0.002)
+            answers = [first.result(), *pool.map(lambda _: post(bp.url, body), range(11))]
     finally:
         del engine.runner.forward_flat
     codes = [r.status_code for r in answers]

@@ -16,7 +16,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -117,6 +117,7 @@ class Engine(Frontend):
             self._thread.join(timeout=30)
             self._thread = None
         self._abort_all()  # also covers requests submitted to an engine whose loop never started
+        self.target.shutdown()
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
@@ -127,10 +128,12 @@ class Engine(Frontend):
         """
         params.validate()
         self.target.check(prompt_ids, params, self.k_max)  # BadRequestError: can never run here
+        if params.seed is None:  # one seed per request: the target's uniforms and the drafter's share it
+            params = replace(params, seed=int(torch.randint(0, 2**62, (1,))))
         if self._inbox.qsize() + len(self._waiting) >= self.max_queue:
             raise CapacityError("the engine's queue is full; retry later")
         gen = torch.Generator()
-        gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
+        gen.manual_seed(params.seed)
         seq = SequenceState(
             prompt=list(prompt_ids), params=params, rand=PositionRandom(gen), stop=StopChecker(self.tokenizer, params)
         )

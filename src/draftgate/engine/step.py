@@ -81,9 +81,11 @@ def _draft(
         proposed = list(drafter.propose(reqs))
         if len(proposed) != len(reqs):
             raise ValueError(f"drafter returned {len(proposed)} drafts for {len(reqs)} requests")
-    except Exception:
-        # Find the culprits: one failing sequence must not cost the others their drafts.
-        proposed = [_propose_one(drafter, r) if r.k else _NO_DRAFT for r in reqs]
+    except Exception as e:
+        if isinstance(e, TimeoutError) or sum(r.k > 0 for r in reqs) <= 1:
+            proposed = [None if r.k else _NO_DRAFT for r in reqs]  # asking again would only wait again
+        else:  # find the culprits: one failing sequence must not cost the others their drafts
+            proposed = [_propose_one(drafter, r) if r.k else _NO_DRAFT for r in reqs]
     drafts, failed = [], []
     for d, r in zip(proposed, reqs, strict=True):
         ok = r.k == 0 or (d is not None and _fits(d, r.k, vocab_size))

@@ -53,8 +53,9 @@ def build_backend(
         from draftgate.server.rpc.client import RemoteTargetEngine
 
         return RemoteTargetEngine(
-            list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue
-        )
+            list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
+            draft_timeout_s=drafter.timeout_s if drafter.remote else None,
+        )  # fmt: skip
     if target.kind == "openai":
         from draftgate.server.backends.openai_target import OpenAITargetEngine
 
