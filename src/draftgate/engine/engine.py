@@ -220,6 +220,7 @@ class Engine(Frontend):
             self.target.close(r.seq.seq_id)
             self._deliver(r, Chunk([], "", "error", error=done.error, stats=r.seq.stats))
             return
+        r.seq.stats.approximate |= done.approximate
         self._running.append(r)
         self._emit(r, r.seq.append(done.emitted))
 

@@ -1,7 +1,8 @@
-"""OpenAITargetEngine: a route whose target is an OpenAI-compatible completion server we do not own.
+"""OpenAITarget: the round target on an OpenAI-compatible completion server we do not own.
 
-The draft loop runs in the gateway (any local drafter: n-gram, suffix, auto...);
-each round verifies the drafts with ONE request to the server:
+The request loop is the engine's (``OpenAITargetEngine`` = ``Engine`` over this target, any
+local drafter: n-gram, suffix, auto...); each round verifies a sequence's drafts with ONE
+request to the server:
 
     POST /v1/completions {prompt: text(history + drafts), max_tokens: 1, echo: true,
                           logprobs: 1, temperature: 0}
@@ -36,12 +37,12 @@ and checks:
   (every special token prints as "") is read as EOS. Any other shared string
   ends the request with an error.
 
-Sampling (temperature > 0) is refused at submit time (HTTP 400) unless the
-route sets ``allow_approximate``: the server's top-n log-probabilities do not
-carry the full distribution, so the verifier then accepts a draft x with
-probability p_top-n(x) and resamples from the renormalised top-n residual --
-an approximation, reported as ``approximate`` on the request's stats and
-counted in ``approximate_requests``.
+Verification is the engine's own (``verify.verify_round``) on logits rebuilt from the server's
+top-n log-probabilities (-inf outside them): exact for greedy. Sampling (temperature > 0) is
+refused at submit time (HTTP 400) unless the route sets ``allow_approximate``: the top-n do
+not carry the full distribution, so p is the request's temperature/top-k/top-p applied to the
+top-n only -- an approximation, reported as ``approximate`` on the request's stats and counted
+in ``approximate_requests``.
 
 Cost note (informal, llama-cpp-python 0.3.x): its echo+logprobs path sorts
 the full vocabulary in Python for every prompt position of every request, so a
@@ -53,30 +54,26 @@ but are not handled by this module's layout checks yet.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import logging
-import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
 
 import httpx
+import torch
 
-from draftgate.drafters.base import Drafter, DraftRequest
-from draftgate.engine.engine import _Detok
-from draftgate.engine.frontend import Chunk, Frontend
-from draftgate.engine.sequence import StopChecker
-from draftgate.errors import BadRequestError, CapacityError
+from draftgate.drafters.base import Draft, Drafter
+from draftgate.engine.engine import Engine, Sink
+from draftgate.engine.sequence import SequenceState
+from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
+from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.types import SamplingParams, SpecStats
+from draftgate.types import SamplingParams
+from draftgate.verify import RoundDraft, verify_round
 
-__all__ = ["OpenAITargetEngine", "VerifyError"]
+__all__ = ["OpenAITarget", "OpenAITargetEngine", "TokenPieces", "VerifyError"]
 
 log = logging.getLogger("draftgate.openai_target")
-Sink = Callable[[Chunk], None]
-_ids = itertools.count(1)
-DEFAULT_K = 4
 APPROX_TOP_N = 10
 
 
@@ -151,35 +148,13 @@ class TokenPieces:
         )
 
 
-@dataclass
-class _Req:
-    prompt: list[int]
-    params: SamplingParams
-    sink: Sink
-    detok: _Detok
-    seq_id: int = field(default_factory=lambda: next(_ids))
-    history: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    stats: SpecStats = field(default_factory=SpecStats)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    drafter_failed: bool = False
-    started: bool = False
-
-    def __post_init__(self) -> None:
-        self.history = list(self.prompt)
-
-
-class OpenAITargetEngine(Frontend):
-    """Backend for gateway routes with ``target: openai+http://HOST:PORT``."""
+class OpenAITarget:
+    """Round target for gateway routes with ``target: openai+http://HOST:PORT``."""
 
     def __init__(
         self,
         url: str,
         tokenizer: TextTokenizer,
-        drafter: Drafter | None,
-        k: int | None = None,
-        k_max: int = 8,
-        max_queue: int = 256,
         allow_approximate: bool = False,
         timeout_s: float = 60.0,
         max_concurrent: int = 4,
@@ -188,58 +163,24 @@ class OpenAITargetEngine(Frontend):
     ) -> None:
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
-        self.drafter = drafter
-        self.k = k
-        self.k_max = k_max
-        self.max_queue = max_queue
         self.allow_approximate = allow_approximate
         self.model_name = model_name
-        self.speculation_enabled = drafter is not None
-        self.stats = SpecStats(drafter=drafter.name if drafter else "none")
+        self.info = TargetInfo("openai", tokenizer.vocab_size, None, exact_sampling=False)
         self.approximate_requests = 0
         self.rounds = 0
         self.http_s = 0.0  # time spent waiting for the server (all rounds)
+        self._own_client = client is None
+        self._timeout_s = timeout_s
         self._http = client or httpx.Client(timeout=timeout_s)
         self._pieces: TokenPieces | None = None
         self._bos = tokenizer.bos_id
         self._lock = threading.Lock()
-        self._draft_lock = threading.Lock()  # drafters need not be thread-safe
-        self._running = 0
-        self._waiting = 0
         self._max_concurrent = max_concurrent
         self._pool: cf.ThreadPoolExecutor | None = None
 
-    # ----------------------------------------------------------------- Backend
+    # ------------------------------------------------------------------ RoundTarget
 
-    @property
-    def num_running(self) -> int:
-        return self._running
-
-    @property
-    def num_waiting(self) -> int:
-        return self._waiting
-
-    def kv_stats(self) -> dict[str, int]:
-        return {}  # the server's KV is not ours to see
-
-    def start(self) -> OpenAITargetEngine:
-        with self._lock:
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-openai")
-        return self
-
-    def shutdown(self) -> None:
-        pool = self._pool
-        self._pool = None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-            transport = getattr(self._http, "_transport", None)
-            if isinstance(transport, httpx.MockTransport):
-                return  # a test's client: keep it
-            self._http.close()
-            self._http = httpx.Client(timeout=self._http.timeout)  # restartable
-
-    def check_params(self, params: SamplingParams) -> None:
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
         """The refusal: sampling on this back end is only served when the route allows approximation."""
         if params.temperature > 0 and not self.allow_approximate:
             raise BadRequestError(
@@ -247,129 +188,75 @@ class OpenAITargetEngine(Frontend):
                 "which is exact only for greedy decoding: send temperature 0, or ask the operator to enable "
                 "approximate mode (allow_approximate) for this route"
             )
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Callable[[], None]:
-        params.validate()
-        self.check_params(params)
         V = self.tokenizer.vocab_size
         if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
             raise BadRequestError(f"prompt token ids must be a non-empty list of ids in [0, {V})")
-        with self._lock:
-            if self._running + self._waiting >= self.max_queue:
-                raise CapacityError("too many requests in flight to the target server; retry later")
-            self._waiting += 1
-        if params.seed is None:
-            params = replace(params, seed=random.getrandbits(62))
-        r = _Req(list(prompt_ids), params, sink, _Detok(StopChecker(self.tokenizer, params)))
-        r.stats.drafter = self.stats.drafter
-        self.start()
-        assert self._pool is not None
-        self._pool.submit(self._serve, r)
-        return r.cancelled.set
 
-    # ----------------------------------------------------------------- the loop
-
-    def _serve(self, r: _Req) -> None:
-        with self._lock:
-            self._waiting -= 1
-            self._running += 1
-        r.started = True
-        rng = random.Random(r.params.seed)
-        try:
-            if r.params.temperature > 0:
-                with self._lock:
-                    self.approximate_requests += 1
-                r.stats.approximate = True  # type: ignore[attr-defined]  # rendered where supported
-            while True:
-                if r.cancelled.is_set():
-                    self._end(r, [], "abort")
-                    return
-                new, accepted, k = self._round(r, rng)
-                keep, reason = r.detok.checker.cut(r.output, new)
-                new = new[:keep]
-                r.stats.record_round(k, accepted, len(new) if reason else accepted + 1)
-                with self._lock:
-                    self.stats.record_round(k, accepted, accepted + 1)
-                r.output.extend(new)
-                r.history.extend(new)
-                if k and self.drafter is not None:
-                    self._drafter_call(self.drafter.observe, r.seq_id, tuple(r.history), k, accepted)
-                if reason is not None:
-                    self._end(r, new, reason)
-                    return
-                self._deliver(r, Chunk(new, r.detok.delta(self.tokenizer.decode, new, final=False), prompt_tokens=len(r.prompt)))
-        except Exception as e:
-            log.warning("request %d failed: %s: %s", r.seq_id, type(e).__name__, e)
-            self._end(r, [], "error", error=f"target server: {type(e).__name__}: {e}")
-        finally:
+    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
+        """No session on the server: the first token is a round without drafts on the prompt."""
+        approx = seq.params.temperature > 0
+        if approx:
             with self._lock:
-                self._running -= 1
-            if self.drafter is not None:
-                self._drafter_call(self.drafter.release, r.seq_id)
+                self.approximate_requests += 1
+        (done,) = self.run([RoundWork(seq, _NO_DRAFT)])
+        return done
 
-    def _drafter_call(self, fn: Callable[..., object], *args: object) -> object:
-        with self._draft_lock:
-            try:
-                return fn(*args)
-            except Exception as e:
-                log.warning("drafter bookkeeping failed: %s: %s", type(e).__name__, e)
-                return None
+    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+        if len(work) == 1:
+            return [self._round(work[0])]
+        return list(self._executor().map(self._round, work))
 
-    def _choose_k(self, r: _Req) -> int:
-        if self.drafter is None or not self.speculation_enabled or r.drafter_failed:
-            return 0
-        remaining = r.params.max_new_tokens - len(r.output)
-        k = self.k if self.k is not None else min(DEFAULT_K, self.k_max)
-        return max(0, min(k, remaining - 1, self.k_max))
+    def close(self, seq_id: int) -> None:
+        pass  # the server keeps no session of ours (its prefix cache is its own)
 
-    def _draft(self, r: _Req, k: int) -> list[int]:
-        assert self.drafter is not None
-        t0 = time.perf_counter()
+    def kv_stats(self) -> dict[str, int]:
+        return {}  # the server's KV is not ours to see
+
+    def shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if self._own_client:
+            self._http.close()
+            self._http = httpx.Client(timeout=self._timeout_s)  # restartable
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-openai")
+            return self._pool
+
+    # ------------------------------------------------------------------ one round
+
+    def _round(self, w: RoundWork) -> RoundDone:
+        """Verify w's drafts with one server request (an error ends that sequence only)."""
         try:
-            with self._draft_lock:
-                (d,) = self.drafter.propose([DraftRequest(r.seq_id, tuple(r.history), k, r.params)])
-            V = self.tokenizer.vocab_size
-            toks = [int(t) for t in d.token_ids[:k]]
-            if any(not 0 <= t < V for t in toks):
-                raise ValueError("draft token out of the vocabulary")
+            return self._verify(w)
         except Exception as e:
-            log.warning("drafter failed on request %d (%s: %s); plain decoding from here", r.seq_id, type(e).__name__, e)
-            r.drafter_failed = True
-            toks = []
-        r.stats.draft_time_s += time.perf_counter() - t0
-        return toks
+            log.warning("request %d failed: %s: %s", w.seq.seq_id, type(e).__name__, e)
+            return RoundDone([], 0, error=f"target server: {type(e).__name__}: {e}")
 
-    def _round(self, r: _Req, rng: random.Random) -> tuple[list[int], int, int]:
-        """Draft, verify with one server request; (emitted tokens, accepted drafts, drafted)."""
-        k = self._choose_k(r)
-        drafts = self._draft(r, k) if k else []
-        ids = r.history + drafts
-        approx = r.params.temperature > 0
-        drafts = self._canonical_drafts(r.history, drafts)
-        ids = r.history + drafts
+    def _verify(self, w: RoundWork) -> RoundDone:
+        s, history = w.seq, w.seq.history
+        p = s.params
+        approx = p.temperature > 0
+        top_n = APPROX_TOP_N if approx else 1
+        drafts = self._canonical_drafts(history, list(w.draft.token_ids))
         try:
-            dists = self._server_dists(ids, len(r.history), top_n=APPROX_TOP_N if approx else 1)
+            dists = self._server_dists(history + drafts, len(history), top_n=top_n)
         except RetokenizeError:
             if not drafts:
                 raise
-            drafts, ids = [], list(r.history)  # the drafts did not survive re-tokenization: verify none
-            dists = self._server_dists(ids, len(r.history), top_n=APPROX_TOP_N if approx else 1)
-        emitted: list[int] = []
-        accepted = 0
-        for j, x in enumerate(drafts):
-            if approx:
-                ok, tok = _approx_step(dists[j], x, r.params.temperature, rng)
-            else:
-                best = self._argmax(dists[j])
-                ok, tok = best == x, best
-            if not ok:
-                emitted.append(tok)
-                return emitted, accepted, len(drafts)
-            emitted.append(x)
-            accepted += 1
-        last = dists[len(drafts)]
-        emitted.append(_approx_sample(last, r.params.temperature, rng) if approx else self._argmax(last))
-        return emitted, accepted, len(drafts)
+            drafts = []  # the drafts did not survive re-tokenization: verify none
+            dists = self._server_dists(list(history), len(history), top_n=top_n)
+        # The server's top-n as logits (-inf elsewhere), then the engine's own verification.
+        logits = torch.full((len(dists), self.tokenizer.vocab_size), float("-inf"))  # [k+1, V]
+        for row, dist in enumerate(dists):
+            for tok, lp in dist.items():
+                logits[row, tok] = lp
+        u = s.rand.get(len(s.output), len(drafts) + 1) if approx else None  # [k+1, 2]
+        out = verify_round(logits, [RoundDraft(drafts, p.temperature, p.top_k, p.top_p, u)])
+        return RoundDone(out.emitted[0], out.accepted[0], approximate=approx)
 
     def _canonical_drafts(self, history: list[int], drafts: list[int]) -> list[int]:
         """The longest prefix of drafts whose text re-tokenizes to the same ids (checked on a local tail)."""
@@ -472,49 +359,43 @@ class OpenAITargetEngine(Frontend):
             out.append(dist)
         return out
 
-    def _end(self, r: _Req, tokens: list[int], reason: str, error: str | None = None) -> None:
-        text = r.detok.delta(self.tokenizer.decode, tokens, final=True) if reason != "error" else ""
-        self._deliver(r, Chunk(tokens, text, reason, error=error, stats=r.stats, prompt_tokens=len(r.prompt)))
 
-    def _deliver(self, r: _Req, c: Chunk) -> None:
-        try:
-            r.sink(c)
-        except Exception as e:
-            log.warning("request %d: the sink failed: %s: %s", r.seq_id, type(e).__name__, e)
+_NO_DRAFT = Draft([])
 
 
-def _softmax_top(dist: dict[int, float], temperature: float) -> dict[int, float]:
-    import math
+class OpenAITargetEngine(Engine):
+    """The engine over an ``OpenAITarget`` (the gateway's back end for openai+http:// routes)."""
 
-    m = max(dist.values())
-    w = {t: math.exp((v - m) / temperature) for t, v in dist.items()}
-    z = sum(w.values())
-    return {t: x / z for t, x in w.items()}
+    def __init__(
+        self,
+        url: str,
+        tokenizer: TextTokenizer,
+        drafter: Drafter | None,
+        k: int | None = None,
+        k_max: int = 8,
+        max_queue: int = 256,
+        allow_approximate: bool = False,
+        timeout_s: float = 60.0,
+        max_concurrent: int = 4,
+        model_name: str | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.server = OpenAITarget(url, tokenizer, allow_approximate, timeout_s, max_concurrent, model_name, client)
+        super().__init__(self.server, drafter, k=k, k_max=k_max, max_batch=max_concurrent, max_queue=max_queue)
 
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
+        cancel = super().submit(prompt_ids, params, sink, speculate)
+        self.start()  # the loop starts on the first request (the gateway starts it anyway)
+        return cancel
 
-def _approx_sample(dist: dict[int, float], temperature: float, rng: random.Random) -> int:
-    p = _softmax_top(dist, temperature)
-    u, acc = rng.random(), 0.0
-    for t, x in p.items():
-        acc += x
-        if u < acc:
-            return t
-    return next(reversed(p))
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise BadRequestError if the route would refuse these params (sampling without approximation)."""
+        self.server.check([0], params, self.k_max)
 
+    @property
+    def approximate_requests(self) -> int:
+        return self.server.approximate_requests
 
-def _approx_step(dist: dict[int, float], x: int, temperature: float, rng: random.Random) -> tuple[bool, int]:
-    """APPROXIMATE: accept x with p_top-n(x), else sample the top-n residual (one-hot q)."""
-    p = _softmax_top(dist, temperature)
-    px = p.get(x, 0.0)
-    if rng.random() < px:
-        return True, x
-    rest = {t: v for t, v in p.items() if t != x}
-    if not rest:
-        return True, x
-    z = sum(rest.values())
-    u, acc = rng.random() * z, 0.0
-    for t, v in rest.items():
-        acc += v
-        if u < acc:
-            return False, t
-    return False, next(reversed(rest))
+    @property
+    def rounds(self) -> int:
+        return self.server.rounds
