@@ -215,7 +215,7 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
     from draftgate.engine import Engine
     from draftgate.models.runner import ModelRunner
     from draftgate.server.rpc.client import RemoteTargetEngine
-    from draftgate.server.rpc.host import SessionHost
+    from draftgate.engine.session_host import SessionHost
     from draftgate.server.rpc.target_server import TargetWorkerServer
 
     loaded = load_model(a.model)

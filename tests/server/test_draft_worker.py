@@ -15,6 +15,7 @@ import pytest
 from gateway_support import serve_app
 
 from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
+from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server.rpc.client import RemoteTargetEngine
@@ -25,7 +26,6 @@ from draftgate.server.rpc.draft_worker import (
     NgramProposer,
     create_draft_app,
 )
-from draftgate.server.rpc.host import SessionHost
 from draftgate.server.rpc.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 

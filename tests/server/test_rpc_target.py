@@ -19,13 +19,13 @@ from draftgate.drafters import NgramDrafter
 from draftgate.drafters.auto import AutoDrafter
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
 from draftgate.engine import Chunk, Completion, DrafterKind, Engine, EngineConfig, build_engine
+from draftgate.engine.session_host import SessionHost
 from draftgate.errors import BadRequestError
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.server.rpc import target_pb2 as pb
 from draftgate.server.rpc import target_pb2_grpc as pb_grpc
 from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.host import SessionHost
 from draftgate.server.rpc.target_server import TargetWorkerServer
 from draftgate.server.rpc.wire import round_to_pb
 from draftgate.types import SamplingParams

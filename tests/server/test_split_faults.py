@@ -38,6 +38,7 @@ from gateway_support import CLIENT_KEY, WAIT_S, Gateway, metric, serve_app
 from draftgate.drafters import NgramDrafter
 from draftgate.drafters.base import Draft, DraftRequest
 from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
+from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
@@ -49,7 +50,6 @@ from draftgate.server.rpc.draft_worker import (
     Proposal,
     create_draft_app,
 )
-from draftgate.server.rpc.host import SessionHost
 from draftgate.server.rpc.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 

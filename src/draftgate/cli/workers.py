@@ -136,7 +136,7 @@ def _runner(a: argparse.Namespace):  # -> ModelRunner
 
 
 def run_target(a: argparse.Namespace) -> int:
-    from draftgate.server.rpc.host import SessionHost
+    from draftgate.engine.session_host import SessionHost
     from draftgate.server.rpc.target_server import TargetWorkerServer
 
     _setup(a)

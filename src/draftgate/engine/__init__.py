@@ -1,7 +1,27 @@
-"""Requests, continuous batching, the speculative step, adaptive K."""
+"""Requests, continuous batching, the speculative step, adaptive K, and the round-target seam."""
 
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Chunk, Completion, Engine
 from draftgate.engine.factory import build_engine
+from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.scored_target import ScoredTarget, Scorer
+from draftgate.engine.session_host import SessionHost
+from draftgate.engine.target import NotNow, RoundDone, RoundTarget, RoundWork, TargetInfo
 
-__all__ = ["Chunk", "Completion", "DrafterKind", "Engine", "EngineConfig", "build_engine"]
+__all__ = [
+    "Chunk",
+    "Completion",
+    "DrafterKind",
+    "Engine",
+    "EngineConfig",
+    "build_engine",
+    "LocalTarget",
+    "NotNow",
+    "RoundDone",
+    "RoundTarget",
+    "RoundWork",
+    "ScoredTarget",
+    "Scorer",
+    "SessionHost",
+    "TargetInfo",
+]

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from draftgate.drafters.base import Drafter
+from draftgate.drafters.base import Draft, Drafter
 from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import speculative_step
+from draftgate.engine.step import round_work, speculative_step
 from draftgate.engine.target import NotNow, RoundTarget
 from draftgate.errors import CapacityError
 from draftgate.models.runner import ModelRunner
@@ -99,6 +99,7 @@ class Engine(Frontend):
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.speculation_enabled = drafter is not None
+        self.approximate_requests = 0  # requests verified by an approximation (a route that allows it)
 
     # ----------------------------------------------------------------- public API
 
@@ -212,7 +213,7 @@ class Engine(Frontend):
             return
         r = self._waiting[0]
         try:
-            done = self.target.open(r.seq, self.k_max)
+            done = self.target.open(round_work(r.seq, Draft([])), self.k_max)
         except NotNow:
             return  # waits, first in line, until running requests free the target's capacity
         self._waiting.popleft()
@@ -220,7 +221,9 @@ class Engine(Frontend):
             self.target.close(r.seq.seq_id)
             self._deliver(r, Chunk([], "", "error", error=done.error, stats=r.seq.stats))
             return
-        r.seq.stats.approximate |= done.approximate
+        if done.approximate:
+            r.seq.stats.approximate = True
+            self.approximate_requests += 1
         self._running.append(r)
         self._emit(r, r.seq.append(done.emitted))
 

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import torch
 
 from draftgate.drafters.base import SparseQ
-from draftgate.engine.sequence import SequenceState
 from draftgate.engine.target import NotNow, RoundDone, RoundWork, TargetInfo
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
@@ -24,10 +23,10 @@ from draftgate.verify import RoundDraft, target_choice, verify_round
 __all__ = ["LocalTarget", "first_token"]
 
 
-def first_token(logits: torch.Tensor, seq: SequenceState) -> int:
-    """The token plain decoding picks after the prompt: logits [1, V] (uniforms of output position 0)."""
-    p = seq.params
-    u = seq.rand.get(0, 1)  # [1, 2]
+def first_token(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> int:
+    """The token plain decoding picks after the prompt: logits [1, V], uniforms [1, 2] (output position 0)."""
+    p = params
+    u = uniforms if uniforms is not None else torch.zeros(1, 2, dtype=torch.float64)  # [1, 2]
     one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
     choice = target_choice(logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64),
                            one(p.top_p, torch.float32), u[:, 1])  # fmt: skip
@@ -62,28 +61,29 @@ class LocalTarget:
                 "lower max_tokens or start the engine with more --kv-blocks"
             )
 
-    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
-        need = self._blocks_for(len(seq.prompt) + seq.params.max_new_tokens + k_max + 1)
+    def open(self, work: RoundWork, k_max: int) -> RoundDone:
+        prompt = list(work.history)
+        need = self._blocks_for(len(prompt) + work.params.max_new_tokens + k_max + 1)
         if self._reserved_total + need > self.runner.kv.num_blocks:
             raise NotNow("waiting for running requests to free KV blocks")
         try:
-            logits = self.runner.prefill(seq.seq_id, seq.prompt)[None]  # [1, V]
-            first = first_token(logits, seq)
+            logits = self.runner.prefill(work.seq_id, prompt)[None]  # [1, V]
+            first = first_token(logits, work.params, work.uniforms)
         except Exception as e:  # a failed prefill fails this sequence only (prefill freed its KV)
-            self.runner.free(seq.seq_id)
+            self.runner.free(work.seq_id)
             return RoundDone([], 0, error=f"{type(e).__name__}: {e}")
-        self._reserved[seq.seq_id] = need
+        self._reserved[work.seq_id] = need
         self._reserved_total += need
         return RoundDone([first], 0)
 
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         # 2. One batched forward over [pending, drafts...] per sequence.
-        items = [ForwardItem(w.seq.seq_id, [w.seq.pending, *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
+        items = [ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
         out = self.runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax
         # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix.
         outcome = verify_round(out.logits, [_round_draft(w) for w in work], out.argmax)
         for w, a in zip(work, outcome.accepted, strict=True):
-            self.runner.truncate(w.seq.seq_id, len(w.seq.history) + a)  # KV keeps pending + accepted drafts
+            self.runner.truncate(w.seq_id, len(w.history) + a)  # KV keeps pending + accepted drafts
         return [RoundDone(e, a) for e, a in zip(outcome.emitted, outcome.accepted, strict=True)]
 
     def close(self, seq_id: int) -> None:
@@ -102,8 +102,6 @@ class LocalTarget:
 
 
 def _round_draft(w: RoundWork) -> RoundDraft:
-    s, d = w.seq, w.draft
-    p, k = s.params, len(d.token_ids)
+    d, p = w.draft, w.params
     q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
-    u = None if p.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2] keyed by output position
-    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, u, q)
+    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, w.uniforms, q)

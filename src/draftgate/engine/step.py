@@ -28,7 +28,7 @@ from draftgate.drafters.base import Draft, Drafter, DraftRequest, SparseQ
 from draftgate.engine.sequence import SequenceState
 from draftgate.engine.target import RoundTarget, RoundWork
 
-__all__ = ["StepResult", "speculative_step"]
+__all__ = ["StepResult", "speculative_step", "round_work"]
 
 _NO_DRAFT = Draft(token_ids=[])
 
@@ -58,7 +58,7 @@ def speculative_step(
     t1 = time.perf_counter()
 
     # 2. One round on the target: verify every sequence's drafts, roll each back to its accepted prefix.
-    done = target.run([RoundWork(s, d) for s, d in zip(seqs, drafts, strict=True)])
+    done = target.run([round_work(s, d) for s, d in zip(seqs, drafts, strict=True)])
     t2 = time.perf_counter()
 
     # 3. Emit, cut where plain decoding stops.
@@ -69,6 +69,13 @@ def speculative_step(
         emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
         [r.error for r in done], [r.approximate for r in done],
     )  # fmt: skip
+
+
+def round_work(s: SequenceState, d: Draft) -> RoundWork:
+    """What the target gets of a sequence this round (the uniforms of its next k+1 output positions)."""
+    k = len(d.token_ids)
+    u = None if s.params.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2]
+    return RoundWork(s.seq_id, s.history, s.params, d, u)
 
 
 def _draft(

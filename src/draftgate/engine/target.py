@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from torch import Tensor
+
 from draftgate.drafters.base import Draft
-from draftgate.engine.sequence import SequenceState
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 
@@ -42,10 +43,18 @@ class TargetInfo:
 
 @dataclass(frozen=True)
 class RoundWork:
-    """One sequence's part of a round: its state (history, params, uniforms) and its drafts."""
+    """One sequence's part of a round (or of an open: history = the prompt, no drafts).
 
-    seq: SequenceState
+    The target sees only this: the engine keeps the request itself. ``history[-1]`` is the
+    pending token (emitted, not yet in the target's KV); the uniforms are the request's own,
+    keyed by output position, so a seeded request gives the same tokens on every target.
+    """
+
+    seq_id: int
+    history: Sequence[int]  # prompt + output so far (a live view: do not mutate)
+    params: SamplingParams
     draft: Draft  # k >= 0 draft tokens, with q for sampled drafts
+    uniforms: Tensor | None  # [k+1, 2] (u_accept, u_sample) for the next k+1 output positions; None: greedy
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,8 @@ class RoundTarget(Protocol):
         """Raise BadRequestError (with what to do) if the request can never run on this target."""
         ...
 
-    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
-        """Prefill ``seq.prompt``; the first token (``error`` set if it failed). Raises NotNow."""
+    def open(self, work: RoundWork, k_max: int) -> RoundDone:
+        """Prefill ``work.history`` (the prompt); the first token (``error`` if it failed). Raises NotNow."""
         ...
 
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:

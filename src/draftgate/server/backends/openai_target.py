@@ -53,7 +53,6 @@ but are not handled by this module's layout checks yet.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import threading
 import time
@@ -62,16 +61,14 @@ from collections.abc import Callable, Sequence
 import httpx
 import torch
 
-from draftgate.drafters.base import Draft, Drafter
-from draftgate.engine.engine import Engine, Sink
-from draftgate.engine.sequence import SequenceState
-from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
+from draftgate.drafters.base import Drafter
+from draftgate.engine import Engine, ScoredTarget, TargetInfo
+from draftgate.engine.frontend import Sink
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
-from draftgate.verify import RoundDraft, verify_round
 
-__all__ = ["OpenAITarget", "OpenAITargetEngine", "TokenPieces", "VerifyError"]
+__all__ = ["OpenAIScorer", "OpenAITargetEngine", "TokenPieces", "VerifyError"]
 
 log = logging.getLogger("draftgate.openai_target")
 APPROX_TOP_N = 10
@@ -148,8 +145,8 @@ class TokenPieces:
         )
 
 
-class OpenAITarget:
-    """Round target for gateway routes with ``target: openai+http://HOST:PORT``."""
+class OpenAIScorer:
+    """Scorer (``engine.ScoredTarget``) for gateway routes with ``target: openai+http://HOST:PORT``."""
 
     def __init__(
         self,
@@ -157,7 +154,6 @@ class OpenAITarget:
         tokenizer: TextTokenizer,
         allow_approximate: bool = False,
         timeout_s: float = 60.0,
-        max_concurrent: int = 4,
         model_name: str | None = None,
         client: httpx.Client | None = None,
     ) -> None:
@@ -166,7 +162,6 @@ class OpenAITarget:
         self.allow_approximate = allow_approximate
         self.model_name = model_name
         self.info = TargetInfo("openai", tokenizer.vocab_size, None, exact_sampling=False)
-        self.approximate_requests = 0
         self.rounds = 0
         self.http_s = 0.0  # time spent waiting for the server (all rounds)
         self._own_client = client is None
@@ -175,10 +170,6 @@ class OpenAITarget:
         self._pieces: TokenPieces | None = None
         self._bos = tokenizer.bos_id
         self._lock = threading.Lock()
-        self._max_concurrent = max_concurrent
-        self._pool: cf.ThreadPoolExecutor | None = None
-
-    # ------------------------------------------------------------------ RoundTarget
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
         """The refusal: sampling on this back end is only served when the route allows approximation."""
@@ -192,71 +183,28 @@ class OpenAITarget:
         if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
             raise BadRequestError(f"prompt token ids must be a non-empty list of ids in [0, {V})")
 
-    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
-        """No session on the server: the first token is a round without drafts on the prompt."""
-        approx = seq.params.temperature > 0
-        if approx:
-            with self._lock:
-                self.approximate_requests += 1
-        (done,) = self.run([RoundWork(seq, _NO_DRAFT)])
-        return done
-
-    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        if len(work) == 1:
-            return [self._round(work[0])]
-        return list(self._executor().map(self._round, work))
-
-    def close(self, seq_id: int) -> None:
-        pass  # the server keeps no session of ours (its prefix cache is its own)
-
-    def kv_stats(self) -> dict[str, int]:
-        return {}  # the server's KV is not ours to see
-
-    def shutdown(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if self._own_client:
-            self._http.close()
-            self._http = httpx.Client(timeout=self._timeout_s)  # restartable
-
-    def _executor(self) -> cf.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-openai")
-            return self._pool
-
-    # ------------------------------------------------------------------ one round
-
-    def _round(self, w: RoundWork) -> RoundDone:
-        """Verify w's drafts with one server request (an error ends that sequence only)."""
+    def score(self, history: Sequence[int], drafts: Sequence[int], params: SamplingParams) -> tuple[list[int], torch.Tensor]:
+        """One server request: the server's top-n at each draft position and after, as logits (-inf elsewhere)."""
+        history = list(history)
+        top_n = APPROX_TOP_N if params.temperature > 0 else 1
+        kept = self._canonical_drafts(history, list(drafts))
         try:
-            return self._verify(w)
-        except Exception as e:
-            log.warning("request %d failed: %s: %s", w.seq.seq_id, type(e).__name__, e)
-            return RoundDone([], 0, error=f"target server: {type(e).__name__}: {e}")
-
-    def _verify(self, w: RoundWork) -> RoundDone:
-        s, history = w.seq, w.seq.history
-        p = s.params
-        approx = p.temperature > 0
-        top_n = APPROX_TOP_N if approx else 1
-        drafts = self._canonical_drafts(history, list(w.draft.token_ids))
-        try:
-            dists = self._server_dists(history + drafts, len(history), top_n=top_n)
+            dists = self._server_dists(history + kept, len(history), top_n=top_n)
         except RetokenizeError:
-            if not drafts:
+            if not kept:
                 raise
-            drafts = []  # the drafts did not survive re-tokenization: verify none
-            dists = self._server_dists(list(history), len(history), top_n=top_n)
-        # The server's top-n as logits (-inf elsewhere), then the engine's own verification.
+            kept = []  # the drafts did not survive re-tokenization: verify none
+            dists = self._server_dists(history, len(history), top_n=top_n)
         logits = torch.full((len(dists), self.tokenizer.vocab_size), float("-inf"))  # [k+1, V]
         for row, dist in enumerate(dists):
             for tok, lp in dist.items():
                 logits[row, tok] = lp
-        u = s.rand.get(len(s.output), len(drafts) + 1) if approx else None  # [k+1, 2]
-        out = verify_round(logits, [RoundDraft(drafts, p.temperature, p.top_k, p.top_p, u)])
-        return RoundDone(out.emitted[0], out.accepted[0], approximate=approx)
+        return kept, logits
+
+    def shutdown(self) -> None:
+        if self._own_client:
+            self._http.close()
+            self._http = httpx.Client(timeout=self._timeout_s)  # restartable
 
     def _canonical_drafts(self, history: list[int], drafts: list[int]) -> list[int]:
         """The longest prefix of drafts whose text re-tokenizes to the same ids (checked on a local tail)."""
@@ -360,11 +308,8 @@ class OpenAITarget:
         return out
 
 
-_NO_DRAFT = Draft([])
-
-
 class OpenAITargetEngine(Engine):
-    """The engine over an ``OpenAITarget`` (the gateway's back end for openai+http:// routes)."""
+    """The engine over an OpenAI-compatible server: ``Engine(ScoredTarget(OpenAIScorer(...)))``."""
 
     def __init__(
         self,
@@ -380,8 +325,9 @@ class OpenAITargetEngine(Engine):
         model_name: str | None = None,
         client: httpx.Client | None = None,
     ) -> None:
-        self.server = OpenAITarget(url, tokenizer, allow_approximate, timeout_s, max_concurrent, model_name, client)
-        super().__init__(self.server, drafter, k=k, k_max=k_max, max_batch=max_concurrent, max_queue=max_queue)
+        self.server = OpenAIScorer(url, tokenizer, allow_approximate, timeout_s, model_name, client)
+        super().__init__(ScoredTarget(self.server, max_concurrent), drafter, k=k, k_max=k_max,
+                         max_batch=max_concurrent, max_queue=max_queue)  # fmt: skip
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
         cancel = super().submit(prompt_ids, params, sink, speculate)
@@ -391,10 +337,6 @@ class OpenAITargetEngine(Engine):
     def check_params(self, params: SamplingParams) -> None:
         """Raise BadRequestError if the route would refuse these params (sampling without approximation)."""
         self.server.check([0], params, self.k_max)
-
-    @property
-    def approximate_requests(self) -> int:
-        return self.server.approximate_requests
 
     @property
     def rounds(self) -> int:

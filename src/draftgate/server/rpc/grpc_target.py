@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from draftgate.engine.sequence import SequenceState
-from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
+from draftgate.engine import RoundDone, RoundWork, TargetInfo
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.rpc import target_pb2 as pb
@@ -111,9 +110,9 @@ class GrpcTarget:
                 f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
             )
 
-    def open(self, seq: SequenceState, k_max: int) -> RoundDone:
-        assert seq.params.seed is not None, "the engine gives every request a seed (worker and drafter share it)"
-        return self._call(self._open(seq, k_max))
+    def open(self, work: RoundWork, k_max: int) -> RoundDone:
+        assert work.params.seed is not None, "the engine gives every request a seed (worker and drafter share it)"
+        return self._call(self._open(work, k_max))
 
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         return self._call(self._run(work))
@@ -177,9 +176,10 @@ class GrpcTarget:
             await asyncio.sleep(self.health_interval_s)
             await self.pool.probe_all()
 
-    async def _open(self, seq: SequenceState, k_max: int) -> RoundDone:
+    async def _open(self, work: RoundWork, k_max: int) -> RoundDone:
         """A session on the least-loaded worker; a worker that fails here is skipped."""
-        msg = pb.SessionRequest(open=pb.Open(prompt=seq.prompt, params=params_to_pb(seq.params), max_draft_tokens=k_max))
+        msg = pb.SessionRequest(open=pb.Open(prompt=list(work.history), params=params_to_pb(work.params),
+                                             max_draft_tokens=k_max))  # fmt: skip
         tried: list[WorkerHandle] = []
         while True:
             try:
@@ -202,14 +202,14 @@ class GrpcTarget:
                 self.pool.release(w)
                 raise
             self.pool.mark_ok(w)
-            self._sessions[seq.seq_id] = _Session(w, call)
+            self._sessions[work.seq_id] = _Session(w, call)
             return RoundDone(list(first.tokens), 0)
 
     async def _run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         return list(await asyncio.gather(*(self._round(w) for w in work)))
 
     async def _round(self, w: RoundWork) -> RoundDone:
-        sess = self._sessions.get(w.seq.seq_id)
+        sess = self._sessions.get(w.seq_id)
         if sess is None:
             return RoundDone([], 0, error="the target session is gone")
         msg = round_to_pb(w.draft)
@@ -223,7 +223,7 @@ class GrpcTarget:
         except RemoteError as e:
             if e.worker_fault:
                 self.pool.mark_down(sess.worker, str(e))
-            await self._close(w.seq.seq_id)
+            await self._close(w.seq_id)
             return RoundDone([], 0, error=str(e))
         sent, got = msg.ByteSize() + GRPC_PREFIX, resp.ByteSize() + GRPC_PREFIX
         self.wire.rounds += 1

@@ -1,4 +1,4 @@
-"""The target worker's core: sessions with KV on this machine, verified in batched rounds.
+"""SessionHost: a target worker's sessions with KV on this machine, verified in batched rounds.
 
 No gRPC here (``target_server`` is the thin gRPC edge). Callers on any thread
 ``open`` a session, send it ``round``s of draft tokens, and ``close`` it; each
@@ -34,7 +34,7 @@ import torch
 from draftgate.drafters.base import Draft, DraftRequest, SparseQ
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import speculative_step
+from draftgate.engine.step import round_work, speculative_step
 from draftgate.engine.target import NotNow
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
@@ -343,7 +343,7 @@ class SessionHost:
         sess = self._waiting[0]
         s = sess.seq
         try:
-            done = self.target.open(s, sess.k_max)
+            done = self.target.open(round_work(s, Draft([])), sess.k_max)
         except NotNow:
             return False
         self._waiting.popleft()

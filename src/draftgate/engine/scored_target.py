@@ -1,0 +1,92 @@
+"""ScoredTarget: a round target over a back end that can only score (return the target's logits).
+
+Some targets we do not own (an OpenAI-compatible server) cannot verify drafts themselves but
+can return the target's distribution at the draft positions. The engine then verifies with its
+own rule (``verify.verify_round``), so acceptance logic lives in one place. A ``Scorer`` says
+whether its distributions are complete (``TargetInfo.exact_sampling``): when they are not (a
+server's top-n log-probabilities), greedy verification is still exact and sampled rounds are
+flagged ``approximate``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from torch import Tensor
+
+from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
+from draftgate.models.tokenizer import TextTokenizer
+from draftgate.types import SamplingParams
+from draftgate.verify import RoundDraft, verify_round
+
+__all__ = ["Scorer", "ScoredTarget"]
+
+
+class Scorer(Protocol):
+    info: TargetInfo
+    tokenizer: TextTokenizer
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None: ...
+
+    def score(self, history: Sequence[int], drafts: Sequence[int], params: SamplingParams) -> tuple[list[int], Tensor]:
+        """(the drafts it scored: a prefix of ``drafts``, logits [len + 1, V] after history + each of them).
+
+        Logits the scorer does not know are -inf (a server's top-n). Raises on failure.
+        """
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+class ScoredTarget:
+    def __init__(self, scorer: Scorer, max_concurrent: int = 4) -> None:
+        self.scorer = scorer
+        self.info = scorer.info
+        self.tokenizer = scorer.tokenizer
+        self._max_concurrent = max_concurrent
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
+        self.scorer.check(prompt_ids, params, k_max)
+
+    def open(self, work: RoundWork, k_max: int) -> RoundDone:
+        return self._round(work)  # no session to open: the first token is a round without drafts
+
+    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+        if len(work) <= 1:
+            return [self._round(w) for w in work]
+        return list(self._executor().map(self._round, work))
+
+    def close(self, seq_id: int) -> None:
+        pass  # nothing of ours is held by the scorer
+
+    def kv_stats(self) -> dict[str, int]:
+        return {}
+
+    def shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.scorer.shutdown()
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-score")
+            return self._pool
+
+    def _round(self, w: RoundWork) -> RoundDone:
+        """Score w's drafts, verify them here (an error ends this sequence only)."""
+        p = w.params
+        try:
+            drafts, logits = self.scorer.score(w.history, list(w.draft.token_ids), p)  # [k+1, V]
+        except Exception as e:
+            return RoundDone([], 0, error=f"target {self.info.kind}: {type(e).__name__}: {e}")
+        u = w.uniforms[: len(drafts) + 1] if w.uniforms is not None else None  # [k+1, 2]
+        out = verify_round(logits, [RoundDraft(drafts, p.temperature, p.top_k, p.top_p, u)])
+        approximate = p.temperature > 0 and not self.info.exact_sampling
+        return RoundDone(out.emitted[0], out.accepted[0], approximate=approximate)
