@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from draftgate.drafters import NgramDrafter
+from draftgate.engine import CostModel, TargetInfo
 from draftgate.server import Route, RouteTable
 from draftgate.server.ops import CanaryConfig, Finished, Ops, OpsConfig
 from draftgate.types import SamplingParams, SpecStats
 
 
 class FakeBackend:
-    def __init__(self, per_request: bool = True) -> None:
-        self.drafter = object()
+    """Just enough of the Backend shape for Ops (no engine, no target model)."""
+
+    def __init__(self) -> None:
+        self.drafter = NgramDrafter()
         self.speculation_enabled = True
-        if not per_request:
-            self.submit = lambda ids, params, sink: (lambda: None)  # type: ignore[method-assign]
+        self.k, self.k_max = None, 8
+        self.cost = CostModel()
+        self.target = SimpleNamespace(info=TargetInfo("fake", 96, None))
 
     def submit(self, ids, params, sink, speculate: bool = True):  # type: ignore[no-untyped-def]
         return lambda: None
 
 
-def make(per_request: bool = True, **cfg: object) -> tuple[Ops, Route]:
-    route = Route("r", FakeBackend(per_request))  # type: ignore[arg-type]
+def make(**cfg: object) -> tuple[Ops, Route]:
+    route = Route("r", FakeBackend())  # type: ignore[arg-type]
     return Ops(RouteTable.of([route]), OpsConfig(seed=0, **cfg)), route  # type: ignore[arg-type]
 
 
@@ -41,12 +48,6 @@ def test_arm_choice_follows_the_canary_fraction() -> None:
     ops.update("r", {"enabled": False})
     assert all(ops.choose(route) for _ in range(50))  # off: the engine's switch decides (plain)
     assert not route.speculative
-
-
-def test_back_ends_without_per_request_plain_get_no_canary() -> None:
-    ops, route = make(per_request=False)
-    ops.update("r", {"canary_fraction": 0.5})
-    assert all(ops.choose(route) for _ in range(50))
 
 
 def test_update_is_all_or_nothing_and_notifies() -> None:

@@ -1,6 +1,7 @@
 """Requests, continuous batching, the speculative step, adaptive K, and the round-target seam."""
 
 from draftgate.engine.config import DrafterKind, EngineConfig
+from draftgate.engine.controller import CostModel
 from draftgate.engine.engine import Chunk, Completion, Engine
 from draftgate.engine.factory import build_engine
 from draftgate.engine.local_target import LocalTarget
@@ -11,6 +12,7 @@ from draftgate.engine.target import NotNow, RoundDone, RoundTarget, RoundWork, T
 __all__ = [
     "Chunk",
     "Completion",
+    "CostModel",
     "DrafterKind",
     "Engine",
     "EngineConfig",

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from draftgate.engine import Chunk
+from draftgate.drafters.base import Drafter
+from draftgate.engine import Chunk, CostModel, RoundTarget
 from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams
 
@@ -22,12 +23,17 @@ ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
 class Backend(Protocol):
-    """What the gateway needs from a generation back end (``draftgate.engine.Engine`` fits)."""
+    """What the gateway needs from a generation back end: ``draftgate.engine.Engine`` over any
+    round target (embedded, gRPC workers, an OpenAI-compatible server)."""
 
     speculation_enabled: bool
+    k: int | None  # None: adaptive
+    k_max: int
+    cost: CostModel  # measured forward and draft costs (for shadow predictions)
+    target: RoundTarget
 
     @property
-    def drafter(self) -> object | None: ...
+    def drafter(self) -> Drafter | None: ...
 
     @property
     def num_running(self) -> int: ...
@@ -38,7 +44,7 @@ class Backend(Protocol):
     def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]: ...
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Chunk], None]
+        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Chunk], None], speculate: bool = True
     ) -> Callable[[], None]: ...
 
     def start(self) -> object: ...
@@ -71,8 +77,7 @@ class Route:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
                 raise ValueError(f"route {self.name!r}: {f} must be a number in [0, 1], got {x!r}")
         if self.context_length is None:
-            runner = getattr(self.engine, "runner", None)
-            self.context_length = getattr(getattr(runner, "config", None), "max_position_embeddings", None)
+            self.context_length = self.engine.target.info.max_context
         self.set_enabled(self.enabled)
 
     def set_enabled(self, on: bool) -> None:
@@ -87,7 +92,7 @@ class Route:
     @property
     def drafter_name(self) -> str:
         d = self.engine.drafter
-        return str(getattr(d, "name", type(d).__name__)) if d is not None else "none"
+        return d.name if d is not None else "none"
 
 
 @dataclass

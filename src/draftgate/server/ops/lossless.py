@@ -2,12 +2,13 @@
 
 Runs on a background worker at low priority: it waits (bounded) until the back
 end has no queued requests before submitting, and submits with
-``speculate=False`` so the reference is plain decoding on the same target.
+``speculate=False`` so the reference is plain decoding on the same target. Every
+back end is the engine over a round target, so this works on every route kind
+(embedded, gRPC workers, an OpenAI-compatible server).
 """
 
 from __future__ import annotations
 
-import inspect
 import queue
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from draftgate.errors import BadRequestError, CapacityError
 from draftgate.server.routes import Backend
 from draftgate.types import SamplingParams
 
-__all__ = ["LosslessResult", "rerun_plain", "supports_per_request_speculation", "first_difference"]
+__all__ = ["LosslessResult", "rerun_plain", "first_difference"]
 
 IDLE_WAIT_S = 30.0  # the most a check waits for the back end's queue to empty
 RUN_TIMEOUT_S = 120.0
@@ -27,14 +28,6 @@ RUN_TIMEOUT_S = 120.0
 class LosslessResult:
     request_id: str
     first_diff: int | None  # first output position where the two differ; None: identical
-
-
-def supports_per_request_speculation(backend: Backend) -> bool:
-    """Whether ``backend.submit`` takes ``speculate=`` (the in-process engine does)."""
-    try:
-        return "speculate" in inspect.signature(backend.submit).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -48,8 +41,6 @@ def rerun_plain(
     backend: Backend, prompt_ids: list[int], params: SamplingParams, expected: list[int], request_id: str
 ) -> LosslessResult | None:
     """Plain greedy decoding of the same prompt, compared with ``expected``; None if it could not run."""
-    if not supports_per_request_speculation(backend):
-        return None
     deadline = time.monotonic() + IDLE_WAIT_S
     while backend.num_waiting > 0:  # low priority: live traffic first
         if time.monotonic() > deadline:
@@ -57,7 +48,7 @@ def rerun_plain(
         time.sleep(0.01)
     out: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
     try:
-        cancel = backend.submit(list(prompt_ids), params, out.put, speculate=False)  # type: ignore[call-arg]
+        cancel = backend.submit(list(prompt_ids), params, out.put, speculate=False)
     except (BadRequestError, CapacityError, ValueError):
         return None
     backend.start()

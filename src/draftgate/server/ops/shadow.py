@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draftgate.drafters.base import Drafter, DraftRequest
-from draftgate.engine.controller import CostModel
+from draftgate.engine import CostModel
 from draftgate.types import SamplingParams
 
 __all__ = ["ShadowScore", "ShadowTotals", "score_sequence", "predicted_speedup"]

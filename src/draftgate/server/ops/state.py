@@ -27,12 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftgate.engine.controller import CostModel
+from draftgate.engine import CostModel
 from draftgate.server.ops.canary import Arm, CanaryConfig, CanaryMonitor, Sample
 from draftgate.server.ops.lossless import (
     LosslessResult,
     rerun_plain,
-    supports_per_request_speculation,
 )
 from draftgate.server.ops.shadow import ShadowTotals, predicted_speedup, score_sequence
 from draftgate.server.ops.worker import BackgroundWorker
@@ -101,7 +100,6 @@ class RouteOps:
     recent_mismatches: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10))
     lossless_reference: Backend | None = None  # None: the route's own engine (tests inject another)
     shadow_cost: CostModel | None = None
-    per_request: bool = True  # the back end's submit takes speculate= (set by Ops)
 
     # The fractions live on the Route (set by the routes file, changed by the admin API).
     @property
@@ -126,19 +124,18 @@ class RouteOps:
 
     def cost_model(self) -> CostModel:
         """The back end's measured costs (prior units when it has none) for predicted speedups."""
-        cost = self.shadow_cost or getattr(self.route.engine, "cost", None)
-        return cost if isinstance(cost, CostModel) else CostModel()
+        return self.shadow_cost or self.route.engine.cost
 
     def snapshot(self) -> dict[str, Any]:
         engine = self.route.engine
-        k = getattr(engine, "k", None)
+        k = engine.k
         return {
             "name": self.route.name,
             "enabled": self.route.enabled,
             "speculating": self.route.speculative,
             "drafter": self.route.drafter_name,
             "k_policy": "none" if engine.drafter is None else ("adaptive" if k is None else f"fixed:{k}"),
-            "k_max": getattr(engine, "k_max", None),
+            "k_max": engine.k_max,
             "canary_fraction": self.canary_fraction,
             "shadow_fraction": self.shadow_fraction,
             "lossless_fraction": self.lossless_fraction,
@@ -176,8 +173,6 @@ class Ops:
             )
             for r in routes
         }
-        for ro in self.routes.values():
-            ro.per_request = supports_per_request_speculation(ro.route.engine)
         self._rng = random.Random(self.config.seed)
         self._lock = threading.Lock()  # shadow/lossless results land from worker threads
         c = self.config
@@ -227,7 +222,7 @@ class Ops:
         """False: this request is forced plain (the canary's control arm, submitted with
         ``speculate=False``); True: the engine's switch decides (off routes decode plainly anyway)."""
         ro = self.routes[route.name]
-        if not route.speculative or not ro.per_request:  # no per-request plain: no canary
+        if not route.speculative:
             return True
         if ro.canary_fraction >= 1.0:
             return True
