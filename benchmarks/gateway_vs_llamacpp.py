@@ -213,9 +213,9 @@ def _ratio(rows: list[dict[str, Any]], rep: int) -> float:
 
 def part_split(a: argparse.Namespace) -> dict[str, Any]:
     from draftgate.engine import Engine
+    from draftgate.engine.session_host import SessionHost
     from draftgate.models.runner import ModelRunner
     from draftgate.server.rpc.client import RemoteTargetEngine
-    from draftgate.engine.session_host import SessionHost
     from draftgate.server.rpc.target_server import TargetWorkerServer
 
     loaded = load_model(a.model)

@@ -14,18 +14,15 @@ import httpx
 import pytest
 from gateway_support import serve_app
 
+from draftgate.drafters import NgramDrafter
+from draftgate.drafters.http import HttpDrafter
+from draftgate.drafters.model import ModelDrafter
 from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.draft_client import HttpDrafter
-from draftgate.server.rpc.draft_worker import (
-    DraftService,
-    ModelProposer,
-    NgramProposer,
-    create_draft_app,
-)
+from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
 from draftgate.server.rpc.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 
@@ -36,7 +33,7 @@ HISTORY = [1, 7, 9, 11, 13, 5, 8, 21, 30, 4, 9, 11]
 @pytest.fixture(scope="module")
 def model_service(tiny_model: LoadedModel) -> DraftService:
     runner = ModelRunner(tiny_model, num_blocks=128, block_size=8)
-    return DraftService(ModelProposer(runner, q_top_n=16), max_sessions=8, vocab_size=runner.vocab_size)
+    return DraftService(ModelDrafter(runner, q_top_n=16), max_sessions=8, vocab_size=runner.vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +122,7 @@ def test_bad_input_is_400(draft_url: str) -> None:
 
 
 def test_ngram_mode_has_one_hot_q() -> None:
-    service = DraftService(NgramProposer())
+    service = DraftService(NgramDrafter())
     with serve_app(create_draft_app(service)) as url:
         body = propose(url, tokens=[5, 6, 7, 8, 5, 6], num_tokens=3, temperature=0.8).json()
     assert body["tokens"] == [7, 8, 5]
@@ -159,7 +156,7 @@ def test_http_drafter_sampled_drafts_run_exact_verification(draft_url: str, remo
 
 
 def test_http_drafter_against_a_stopped_worker_decodes_plainly(plain: Engine, remote_with) -> None:  # type: ignore[no-untyped-def]
-    with serve_app(create_draft_app(DraftService(NgramProposer()))) as url:
+    with serve_app(create_draft_app(DraftService(NgramDrafter()))) as url:
         pass  # started and stopped: nothing listens there now
     drafter = HttpDrafter(url)  # default 50 ms timeout
     remote = remote_with(drafter, k=4)

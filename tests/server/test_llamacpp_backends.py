@@ -21,12 +21,12 @@ import pytest
 from gateway_support import CLIENT_KEY, serve_app
 
 from draftgate.drafters import NgramDrafter
+from draftgate.drafters.llamacpp_server import LlamaCppServerDrafter
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.models.loader import LoadedModel, resolve_model_path
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
 from draftgate.server.backends import DrafterSpec, TargetSpec
 from draftgate.server.backends.build import build_backend
-from draftgate.server.backends.llamacpp_draft import LlamaCppServerDrafter
 from draftgate.server.backends.openai_target import OpenAITargetEngine
 from draftgate.types import SamplingParams
 

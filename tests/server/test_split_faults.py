@@ -32,24 +32,18 @@ import grpc
 import httpx
 import openai
 import pytest
-import torch
 from gateway_support import CLIENT_KEY, WAIT_S, Gateway, metric, serve_app
 
 from draftgate.drafters import NgramDrafter
 from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.http import HttpDrafter
 from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
 from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.draft_client import HttpDrafter
-from draftgate.server.rpc.draft_worker import (
-    DraftService,
-    NgramProposer,
-    Proposal,
-    create_draft_app,
-)
+from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
 from draftgate.server.rpc.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 
@@ -237,28 +231,23 @@ def test_draft_worker_killed_mid_stream_finishes_plainly(tiny_model, workers, pr
         drafter.close()
 
 
-class SlowAfter:
-    """n-gram proposals; once ``fast_drafts`` of them carried tokens, every answer takes ``pause_s``."""
+class SlowAfter(NgramDrafter):
+    """n-gram drafts; once ``fast_drafts`` of them carried tokens, every answer takes ``pause_s``."""
 
     def __init__(self, fast_drafts: int, pause_s: float) -> None:
-        self.inner = NgramProposer()
+        super().__init__()
         self.fast_drafts = fast_drafts
         self.pause_s = pause_s
-        self.drafted = 0  # proposals with tokens
+        self.drafted = 0  # drafts with tokens
         self.slow_calls = 0
 
-    def propose(
-        self, seq_id: int, history: Sequence[int], n: int, params: SamplingParams, gen: torch.Generator
-    ) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         if self.drafted >= self.fast_drafts:
             self.slow_calls += 1
             time.sleep(self.pause_s)
-        p = self.inner.propose(seq_id, history, n, params, gen)
-        self.drafted += bool(p.tokens)
-        return p
-
-    def release(self, seq_id: int) -> None:
-        self.inner.release(seq_id)
+        out = super().propose(requests)
+        self.drafted += sum(bool(d.token_ids) for d in out)
+        return out
 
 
 def test_draft_worker_slow_past_its_timeout_finishes_plainly(tiny_model, workers, plain_text) -> None:  # type: ignore[no-untyped-def]
@@ -338,7 +327,7 @@ def test_target_worker_killed_mid_stream_is_an_error_event(tiny_model, tiny_mode
 
 def test_client_disconnect_mid_stream_frees_the_session_everywhere(tiny_model, workers) -> None:  # type: ignore[no-untyped-def]
     target = workers()
-    service = DraftService(NgramProposer())
+    service = DraftService(NgramDrafter())
     with serve_app(create_draft_app(service)) as draft_url:
         drafter = HttpDrafter(draft_url, timeout_s=5.0)
         remote = RemoteTargetEngine([target.address], tiny_model.tokenizer, drafter, k=4)

@@ -106,12 +106,12 @@ def _target_arg(v: str) -> str:
 def route_from_flags(a: argparse.Namespace):  # -> RouteSpec
     """The one route that flags describe (no --routes)."""
     from draftgate.engine.config import DrafterKind
-    from draftgate.server.backends import parse_target
+    from draftgate.server.backends import TargetKind, parse_target
     from draftgate.server.routes_file import RouteSpec
 
     dspec = _drafter_spec(a)
     target = parse_target(a.target)
-    if a.allow_approximate and target.kind != "openai":
+    if a.allow_approximate and target.kind is not TargetKind.OPENAI:
         raise ValueError("--allow-approximate applies only to --target openai+http://HOST:PORT")
     if a.draft_timeout_ms is not None and not dspec.remote:
         raise ValueError("--draft-timeout-ms applies only to remote drafters (http:// or llamacpp+http://)")
@@ -134,7 +134,7 @@ def _drafter_spec(a: argparse.Namespace):  # -> DrafterSpec
             raise ValueError("--draft-timeout-ms must be positive")
         return parse_drafter(a.drafter, a.draft_timeout_ms / 1000.0)
     if a.drafter.startswith("llamacpp+"):
-        from draftgate.server.backends.llamacpp_draft import DEFAULT_LLAMACPP_TIMEOUT_S
+        from draftgate.drafters.llamacpp_server import DEFAULT_LLAMACPP_TIMEOUT_S
 
         return parse_drafter(a.drafter, DEFAULT_LLAMACPP_TIMEOUT_S)
     return parse_drafter(a.drafter)

@@ -11,7 +11,7 @@ from typing import get_args
 
 from draftgate.cli.common import default_cache_dir
 from draftgate.errors import BadRequestError
-from draftgate.models.memory_plan import (
+from draftgate.modelinfo.memory_plan import (
     DEFAULT_RESERVE_FRACTION,
     DRAFT_SHARE_LIMIT,
     GIB,
@@ -43,7 +43,7 @@ example: draftgate plan-memory --target llama-3-70b --draft llama-3.2-1b --gpu-m
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from draftgate.models.shapes import NAMED_SHAPES
+    from draftgate.modelinfo.shapes import NAMED_SHAPES
 
     raw = argparse.RawDescriptionHelpFormatter
     config_help = (
@@ -91,8 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_check_pair(a: argparse.Namespace) -> int:
+    from draftgate.modelinfo.pairing import check_pair
     from draftgate.models.loader import load_model_info
-    from draftgate.models.pairing import check_pair
 
     cache = a.cache_dir or default_cache_dir()
     target = load_model_info(a.target, cache_dir=cache)  # config, tokenizer, subset ids: no weights
@@ -116,8 +116,8 @@ def run_check_pair(a: argparse.Namespace) -> int:
 
 
 def run_plan_memory(a: argparse.Namespace) -> int:
-    from draftgate.models.memory_plan import plan_memory
-    from draftgate.models.shapes import resolve_shape
+    from draftgate.modelinfo.memory_plan import plan_memory
+    from draftgate.modelinfo.shapes import resolve_shape
 
     target = resolve_shape(a.target)
     draft = resolve_shape(a.draft) if a.draft else None

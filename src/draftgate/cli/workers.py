@@ -159,21 +159,18 @@ def run_target(a: argparse.Namespace) -> int:
 def run_draft(a: argparse.Namespace) -> int:
     import uvicorn
 
-    from draftgate.server.rpc.draft_worker import (
-        DraftService,
-        ModelProposer,
-        NgramProposer,
-        create_draft_app,
-    )
+    from draftgate.drafters import NgramDrafter
+    from draftgate.drafters.model import ModelDrafter
+    from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
 
     _setup(a)
     if a.drafter == "ngram":
-        service = DraftService(NgramProposer(), max_sessions=a.max_sessions)
+        service = DraftService(NgramDrafter(), max_sessions=a.max_sessions)
     else:
         if not a.model:
             raise ValueError("serve-draft --drafter model needs --model (a small model with the target's tokenizer)")
         runner = _runner(a)
-        service = DraftService(ModelProposer(runner, q_top_n=a.q_top_n), a.max_sessions, runner.vocab_size)
+        service = DraftService(ModelDrafter(runner, q_top_n=a.q_top_n), a.max_sessions, runner.vocab_size)
     print(f"draftgate: draft worker ({a.drafter}) on http://{a.host}:{a.port}", file=sys.stderr)
     uvicorn.run(create_draft_app(service), host=a.host, port=a.port, log_level=a.log_level)
     return 0

@@ -18,7 +18,7 @@ import torch
 
 from draftgate.types import SamplingParams
 
-__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter"]
+__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "mass_at_drafts", "is_one_hot"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +58,22 @@ class Drafter(Protocol):
     def release(self, seq_id: int) -> None:
         """The sequence ended: drop per-sequence state."""
         ...
+
+
+def mass_at_drafts(d: Draft) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_i(x_i), sum of q_i) per draft position, both [k] (q None: one-hot, so ones)."""
+    x = torch.tensor(d.token_ids, dtype=torch.int64)  # [k]
+    if d.q is None:
+        ones = torch.ones(len(d.token_ids))
+        return ones, ones
+    if isinstance(d.q, SparseQ):
+        ids, probs = d.q.ids, d.q.probs.float()  # [k, M]
+        return (probs * (ids == x[:, None])).sum(dim=1), probs.sum(dim=1)  # [k], [k]
+    q = d.q.float()  # [k, V]
+    return q.gather(1, x[:, None]).squeeze(1), q.sum(dim=1)  # [k], [k]
+
+
+def is_one_hot(d: Draft) -> bool:
+    """Every q row puts all its mass on the drafted token (a deterministic draft in disguise)."""
+    at_x, total = mass_at_drafts(d)
+    return bool((at_x == total).all())

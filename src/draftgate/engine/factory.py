@@ -32,7 +32,7 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     """`model`: a separate draft model on our runner; `quant`: the target's GGUF in llama.cpp."""
     from draftgate.drafters.model import LlamaCppDrafter, ModelDrafter
-    from draftgate.models.pairing import check_pair
+    from draftgate.modelinfo.pairing import check_pair
 
     if cfg.drafter == DrafterKind.QUANT:
         if target.gguf_path is None:

@@ -33,7 +33,13 @@ import yaml
 from draftgate.engine import DrafterKind, EngineConfig
 from draftgate.errors import DraftGateError
 from draftgate.models.loader import LoadedModel, load_model, resolve_model_path
-from draftgate.server.backends import DrafterSpec, TargetSpec, parse_drafter, parse_target
+from draftgate.server.backends import (
+    DrafterSpec,
+    TargetKind,
+    TargetSpec,
+    parse_drafter,
+    parse_target,
+)
 from draftgate.server.backends.build import build_backend
 from draftgate.server.routes import ROUTE_NAME_RE, Route, RouteTable
 
@@ -57,7 +63,7 @@ class RouteSpec:
     config: EngineConfig
     enabled: bool = True
     where: str = ""  # "FILE:LINE" for messages
-    target: TargetSpec = TargetSpec("embedded")
+    target: TargetSpec = TargetSpec(TargetKind.EMBEDDED)
     drafter: DrafterSpec | None = None  # None: config.drafter (a built-in kind)
     allow_approximate: bool = False
 
@@ -162,7 +168,7 @@ def _route(
     approx = item.get("allow_approximate", False)
     if not isinstance(approx, bool):
         raise bad("allow_approximate", f"'allow_approximate' must be true or false, got {approx!r}")
-    if approx and target.kind != "openai":
+    if approx and target.kind is not TargetKind.OPENAI:
         raise bad("allow_approximate", "'allow_approximate' applies only to openai+http:// targets (the others are exact)")
     k: Any = item.get("k", "auto" if base.k is None else base.k)
     if k != "auto" and (isinstance(k, bool) or not isinstance(k, int)):

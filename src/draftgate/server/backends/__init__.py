@@ -18,12 +18,15 @@ Drafter specs (``--drafter`` / a route's ``drafter`` key): the built-in kinds
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 
 from draftgate.engine.config import DrafterKind
 
 __all__ = [
+    "TargetKind",
+    "RemoteDrafterKind",
     "TargetSpec",
     "DrafterSpec",
     "parse_target",
@@ -43,23 +46,34 @@ def _hostport(addr: str, what: str) -> str:
     return addr
 
 
+class TargetKind(str, enum.Enum):
+    EMBEDDED = "embedded"  # the in-process engine
+    GRPC = "grpc"  # `draftgate serve-target` workers
+    OPENAI = "openai"  # an OpenAI-compatible completion server
+
+
+class RemoteDrafterKind(str, enum.Enum):
+    HTTP = "http"  # a `draftgate serve-draft` worker
+    LLAMACPP = "llamacpp"  # a llama.cpp server as the draft engine
+
+
 @dataclass(frozen=True)
 class TargetSpec:
-    kind: str  # "embedded" | "grpc" | "openai"
+    kind: TargetKind
     addresses: tuple[str, ...] = ()  # grpc://HOST:PORT each, or one http://HOST:PORT
 
     @property
     def text(self) -> str:
-        if self.kind == "embedded":
+        if self.kind is TargetKind.EMBEDDED:
             return "embedded"
-        if self.kind == "grpc":
+        if self.kind is TargetKind.GRPC:
             return ",".join(self.addresses)
         return "openai+" + self.addresses[0]
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    kind: DrafterKind | str  # a DrafterKind, or "http" / "llamacpp"
+    kind: DrafterKind | RemoteDrafterKind
     url: str | None = None  # http://HOST:PORT for the remote kinds
     timeout_s: float = field(default=DEFAULT_REMOTE_DRAFT_TIMEOUT_S)
 
@@ -69,9 +83,9 @@ class DrafterSpec:
 
     @property
     def text(self) -> str:
-        if self.kind == "llamacpp":
+        if self.kind is RemoteDrafterKind.LLAMACPP:
             return "llamacpp+" + str(self.url)
-        if self.kind == "http":
+        if self.kind is RemoteDrafterKind.HTTP:
             return str(self.url)
         assert isinstance(self.kind, DrafterKind)
         return self.kind.value
@@ -87,7 +101,7 @@ def parse_target(value: object) -> TargetSpec:
         )
     v = value.strip()
     if v == "embedded":
-        return TargetSpec("embedded")
+        return TargetSpec(TargetKind.EMBEDDED)
     if v.startswith("grpc://"):
         addrs = [a.strip() for a in v.split(",")]
         for a in addrs:
@@ -96,11 +110,11 @@ def parse_target(value: object) -> TargetSpec:
             _hostport(a[len("grpc://") :], "gRPC target")
         if len(set(addrs)) != len(addrs):
             raise ValueError(f"target {v!r} names a worker twice")
-        return TargetSpec("grpc", tuple(addrs))
+        return TargetSpec(TargetKind.GRPC, tuple(addrs))
     if v.startswith("openai+http://"):
         url = v[len("openai+") :].rstrip("/")
         _hostport(url[len("http://") :], "OpenAI-compatible target")
-        return TargetSpec("openai", (url,))
+        return TargetSpec(TargetKind.OPENAI, (url,))
     raise ValueError(
         f"unknown target {v!r}; use 'embedded', 'grpc://HOST:PORT[,grpc://...]' or 'openai+http://HOST:PORT'"
     )
@@ -115,9 +129,9 @@ def parse_drafter(value: object, timeout_s: float = DEFAULT_REMOTE_DRAFT_TIMEOUT
     if value.startswith("llamacpp+http://"):
         url = value[len("llamacpp+") :].rstrip("/")
         _hostport(url[len("http://") :], "llama.cpp drafter")
-        return DrafterSpec("llamacpp", url, timeout_s)
+        return DrafterSpec(RemoteDrafterKind.LLAMACPP, url, timeout_s)
     if value.startswith("http://"):
         url = value.rstrip("/")
         _hostport(url[len("http://") :], "draft worker")
-        return DrafterSpec("http", url, timeout_s)
+        return DrafterSpec(RemoteDrafterKind.HTTP, url, timeout_s)
     raise ValueError(f"unknown drafter {value!r}; choose from {', '.join(kinds)}, http://HOST:PORT, llamacpp+http://HOST:PORT")

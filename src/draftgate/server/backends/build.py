@@ -10,19 +10,19 @@ from draftgate.engine.config import DrafterKind
 from draftgate.engine.engine import Engine
 from draftgate.engine.factory import build_drafter, build_runner
 from draftgate.models.loader import LoadedModel
-from draftgate.server.backends import DrafterSpec, TargetSpec
+from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
 
 __all__ = ["build_backend", "make_drafter"]
 
 
 def make_drafter(cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel) -> Drafter | None:
     """The route's drafter: a built-in kind (cfg.drafter is set to it), or a remote one."""
-    if spec.kind == "http":
-        from draftgate.server.rpc.draft_client import HttpDrafter
+    if spec.kind is RemoteDrafterKind.HTTP:
+        from draftgate.drafters.http import HttpDrafter
 
         return HttpDrafter(str(spec.url), timeout_s=spec.timeout_s)
-    if spec.kind == "llamacpp":
-        from draftgate.server.backends.llamacpp_draft import LlamaCppServerDrafter
+    if spec.kind is RemoteDrafterKind.LLAMACPP:
+        from draftgate.drafters.llamacpp_server import LlamaCppServerDrafter
 
         return LlamaCppServerDrafter(str(spec.url), loaded.tokenizer, timeout_s=spec.timeout_s)
     assert isinstance(spec.kind, DrafterKind)
@@ -37,7 +37,7 @@ def build_backend(
     allow_approximate: bool = False,
 ):  # -> Backend
     """``loaded`` is the route's model: run by the embedded engine, only its tokenizer used otherwise."""
-    if target.kind == "embedded":
+    if target.kind is TargetKind.EMBEDDED:
         if not drafter.remote:
             return build_engine(replace(cfg, drafter=drafter.kind), loaded=loaded)  # type: ignore[arg-type]
         return Engine(
@@ -49,14 +49,14 @@ def build_backend(
             max_queue=cfg.max_queue,
         )
     d = make_drafter(cfg, drafter, loaded)
-    if target.kind == "grpc":
+    if target.kind is TargetKind.GRPC:
         from draftgate.server.rpc.client import RemoteTargetEngine
 
         return RemoteTargetEngine(
             list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
             draft_timeout_s=drafter.timeout_s if drafter.remote else None,
         )  # fmt: skip
-    if target.kind == "openai":
+    if target.kind is TargetKind.OPENAI:
         from draftgate.server.backends.openai_target import OpenAITargetEngine
 
         return OpenAITargetEngine(

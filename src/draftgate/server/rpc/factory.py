@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from draftgate.drafters.base import Drafter
+from draftgate.drafters.http import DEFAULT_TIMEOUT_S, HttpDrafter
 from draftgate.engine.config import EngineConfig
 from draftgate.engine.factory import build_drafter
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.draft_client import DEFAULT_TIMEOUT_S, HttpDrafter
 
 __all__ = ["build_remote_engine"]
 

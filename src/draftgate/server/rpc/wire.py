@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftgate.drafters.base import Draft, SparseQ
+from draftgate.drafters.base import Draft, SparseQ, is_one_hot, mass_at_drafts
 from draftgate.server.rpc import target_pb2 as pb
 from draftgate.types import SamplingParams
 
@@ -15,8 +15,6 @@ __all__ = [
     "GRPC_PREFIX",
     "WireStats",
     "check_draft",
-    "is_one_hot",
-    "mass_at_drafts",
     "params_from_pb",
     "params_to_pb",
     "q_rows_from_pb",
@@ -65,25 +63,6 @@ def params_from_pb(m: pb.SamplingParams) -> SamplingParams:
         stop=tuple(m.stop),
         ignore_eos=m.ignore_eos,
     )
-
-
-def mass_at_drafts(d: Draft) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_i(x_i), sum of q_i) per draft position, both [k] (q None: one-hot, so ones)."""
-    x = torch.tensor(d.token_ids, dtype=torch.int64)  # [k]
-    if d.q is None:
-        ones = torch.ones(len(d.token_ids))
-        return ones, ones
-    if isinstance(d.q, SparseQ):
-        ids, probs = d.q.ids, d.q.probs.float()  # [k, M]
-        return (probs * (ids == x[:, None])).sum(dim=1), probs.sum(dim=1)  # [k], [k]
-    q = d.q.float()  # [k, V]
-    return q.gather(1, x[:, None]).squeeze(1), q.sum(dim=1)  # [k], [k]
-
-
-def is_one_hot(d: Draft) -> bool:
-    """Every q row puts all its mass on the drafted token (a deterministic draft in disguise)."""
-    at_x, total = mass_at_drafts(d)
-    return bool((at_x == total).all())
 
 
 def round_to_pb(d: Draft) -> pb.SessionRequest:

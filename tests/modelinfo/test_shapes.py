@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from draftgate.errors import ModelLoadError
+from draftgate.modelinfo.shapes import NAMED_SHAPES, resolve_shape
 from draftgate.models.config import ModelConfig
 from draftgate.models.loader import KNOWN_MODELS, LoadedModel
-from draftgate.models.shapes import NAMED_SHAPES, resolve_shape
 
 # Parameter counts published with the weights (safetensors totals / 2 bytes for the bf16 ones).
 PUBLISHED_PARAMS = {

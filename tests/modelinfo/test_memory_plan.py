@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.models.memory_plan import GIB, model_memory, plan_memory
-from draftgate.models.shapes import NAMED_SHAPES
+from draftgate.modelinfo.memory_plan import GIB, model_memory, plan_memory
+from draftgate.modelinfo.shapes import NAMED_SHAPES
 
 L70, L8, L1 = NAMED_SHAPES["llama-3-70b"], NAMED_SHAPES["llama-3-8b"], NAMED_SHAPES["llama-3.2-1b"]
 

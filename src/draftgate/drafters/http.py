@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import httpx
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ
-from draftgate.server.rpc.wire import mass_at_drafts
+from draftgate.drafters.base import Draft, DraftRequest, SparseQ, mass_at_drafts
 
 __all__ = ["HttpDrafter", "DEFAULT_TIMEOUT_S"]
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from draftgate.modelinfo.pairing import Finding, PairReport, check_pair
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.loader import LoadedModel, load_model, load_model_info
-from draftgate.models.pairing import Finding, PairReport, check_pair
 from pair_support import make_variant, swapped_vocab_draft
 
 TINY_TEMPLATE_TAIL = "{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}"
