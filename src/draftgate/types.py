@@ -1,6 +1,8 @@
 """Small value types shared by every layer (the vocabulary of the project).
 
-Frozen dataclasses only: anything that crosses a layer boundary is immutable.
+``SamplingParams`` is frozen: it crosses every boundary unchanged. ``SpecStats`` is the one
+mutable type here: an accumulator, written only by the engine that owns it (under its lock)
+and handed to sinks (responses, metrics, bench reports) that only read it.
 """
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def test_real_stop_string_cut_like_plain(real_engine: Engine, real_model: Loaded
 @pytest.mark.real_model
 def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> None:
     """Byte-level BPE splits emoji and accents over tokens: chunks hold bytes back until whole."""
-    from draftgate.engine.engine import _Detok
+    from draftgate.engine.sequence import IncrementalText
     from draftgate.engine.sequence import StopChecker
 
     tok = real_engine.tokenizer
@@ -307,7 +307,7 @@ def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> 
     ids = tok.encode(text, add_special=False)
     assert len(ids) > len(text.split())  # some characters do span several tokens
     params = SamplingParams(stop=("ok",))
-    det = _Detok(StopChecker(tok, params))
+    det = IncrementalText(StopChecker(tok, params))
     parts = [det.delta(tok.decode, [t], final=False) for t in ids] + [
         det.delta(tok.decode, [], True)
     ]

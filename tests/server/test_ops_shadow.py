@@ -7,32 +7,33 @@ import random
 import pytest
 
 from draftgate.drafters import NgramDrafter
-from draftgate.engine.controller import CostModel
+from draftgate.engine import CostModel
 from draftgate.server.ops.shadow import ShadowTotals, predicted_speedup, score_sequence
+from draftgate.types import SpecStats
 
 
 def test_repeated_text_predicts_high_acceptance() -> None:
     prompt = [5, 6, 7, 8, 9, 10, 11, 12]
     tokens = prompt + prompt * 8  # the output copies the prompt over and over
     s = score_sequence(NgramDrafter(), tokens, len(prompt), k=4)
-    assert s.emitted == len(tokens) - len(prompt)
-    assert s.accepted / s.drafted > 0.9
-    assert s.emitted / s.rounds > 4.0  # close to k + 1 = 5 tokens per round
+    assert s.emitted_tokens == len(tokens) - len(prompt)
+    assert s.acceptance_rate > 0.9
+    assert s.mean_accepted_length > 4.0  # close to k + 1 = 5 tokens per round
 
 
 def test_random_text_predicts_near_zero_acceptance() -> None:
     rng = random.Random(0)
     tokens = [rng.randrange(1000, 100000) for _ in range(200)]  # no repeats to look up
     s = score_sequence(NgramDrafter(), tokens, 20, k=4)
-    assert s.accepted == 0
-    assert s.rounds == s.emitted == 180  # plain decoding: one token per round
+    assert s.accepted_tokens == 0
+    assert s.rounds == s.emitted_tokens == 180  # plain decoding: one token per round
 
 
 def test_every_output_token_is_accounted_and_drafter_state_released() -> None:
     d = NgramDrafter()
     tokens = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3]
     s = score_sequence(d, tokens, 3, k=3)
-    assert s.emitted == 9 and s.accepted <= s.drafted
+    assert s.emitted_tokens == 9 and s.accepted_tokens <= s.draft_tokens
     assert not getattr(d, "_seqs", {})  # released (the drafter keeps no shadow sequence)
 
 
@@ -46,8 +47,8 @@ def test_predicted_speedup_from_the_cost_model() -> None:
     for _ in range(3):
         cost.observe_forward(1, 0.010)
         cost.observe_forward(5, 0.012)
-    t = ShadowTotals(requests=1, rounds=10, drafted=40, accepted=36, emitted=46, draft_s=0.0)
+    t = ShadowTotals(1, SpecStats(rounds=10, draft_tokens=40, accepted_tokens=36, emitted_tokens=46))
     assert predicted_speedup(t, cost) == pytest.approx(4.6 * 0.010 / 0.012, rel=1e-6)
-    plain = ShadowTotals(requests=1, rounds=10, drafted=0, accepted=0, emitted=10)
+    plain = ShadowTotals(1, SpecStats(rounds=10, emitted_tokens=10))
     assert predicted_speedup(plain, cost) == pytest.approx(1.0)
     assert predicted_speedup(ShadowTotals(), cost) == 0.0

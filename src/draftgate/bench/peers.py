@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from draftgate.bench.arms import ArmError, ArmKind, ArmSpec, Piece
+from draftgate.bench.arm_spec import ArmError, ArmKind, ArmSpec, Piece
 from draftgate.models.loader import LoadedModel
 from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams

@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from draftgate.bench.arms import ArmError, ArmSpec, Piece
+from draftgate.bench.arm_spec import ArmError, ArmSpec, Piece
 from draftgate.models.tokenizer import Message, TextTokenizer
 from draftgate.types import SamplingParams
 

@@ -16,7 +16,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,7 +24,7 @@ from draftgate.drafters.base import Draft, Drafter
 from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.local_target import LocalTarget
-from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
+from draftgate.engine.sequence import IncrementalText, PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import round_work, speculative_step
 from draftgate.engine.target import NotNow, RoundTarget
 from draftgate.errors import CapacityError
@@ -41,32 +41,13 @@ class _Req:
     seq: SequenceState
     sink: Sink
     controller: GoodputController | None
-    detok: _Detok
+    detok: IncrementalText
     cancelled: bool = False
     started: bool = False
     drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
     drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
     synced: int = 0  # history length when the drafter last saw this request (0: never)
-
-
-@dataclass
-class _Detok:
-    """Incremental detokenization that never splits a multi-byte character or a stop string."""
-
-    checker: StopChecker
-    sent: int = 0  # characters of text already sent
-    ids: list[int] = field(default_factory=list)
-
-    def delta(self, tok_decode: Callable[[list[int]], str], new: list[int], final: bool) -> str:
-        self.ids.extend(new)
-        text = self.checker.trim_text(tok_decode(self.ids))
-        if not final:
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: wait for more bytes
-            hold = self.checker.max_stop_len  # a stop string may be forming
-            text = text[: max(self.sent, len(text) - hold)] if hold else text
-        out, self.sent = text[self.sent :], max(self.sent, len(text))
-        return out
 
 
 class Engine(Frontend):
@@ -142,7 +123,7 @@ class Engine(Frontend):
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
             ctl = GoodputController(self.k_max, self.drafter.name, pool=self.acceptance)
-        req = _Req(seq, sink, ctl, _Detok(seq.stop), speculate=speculate)
+        req = _Req(seq, sink, ctl, IncrementalText(seq.stop), speculate=speculate)
         self._inbox.put(req)
         self._wake.set()
 

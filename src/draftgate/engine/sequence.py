@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -11,7 +11,7 @@ import torch
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams, SpecStats
 
-__all__ = ["PositionRandom", "SequenceState", "StopChecker"]
+__all__ = ["IncrementalText", "PositionRandom", "SequenceState", "StopChecker"]
 
 _CHUNK = 64
 
@@ -118,3 +118,22 @@ class SequenceState:
         if reason is not None:
             self.finish_reason = reason
         return kept
+
+
+@dataclass
+class IncrementalText:
+    """A request's text as it grows: never splits a multi-byte character or a forming stop string."""
+
+    checker: StopChecker
+    sent: int = 0  # characters of text already sent
+    ids: list[int] = field(default_factory=list)
+
+    def delta(self, tok_decode: Callable[[list[int]], str], new: list[int], final: bool) -> str:
+        self.ids.extend(new)
+        text = self.checker.trim_text(tok_decode(self.ids))
+        if not final:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: wait for more bytes
+            hold = self.checker.max_stop_len  # a stop string may be forming
+            text = text[: max(self.sent, len(text) - hold)] if hold else text
+        out, self.sent = text[self.sent :], max(self.sent, len(text))
+        return out

@@ -209,15 +209,15 @@ class LlamaModel:
         N, H, D = q.shape
         if layout.kv_span is not None:  # one sequence in consecutive slots: a view, no copy
             a, b = layout.kv_span
-            K, V = kc[a:b][None].transpose(1, 2), vc[a:b][None].transpose(1, 2)  # [1, Hkv, S, D]
+            keys, values = kc[a:b][None].transpose(1, 2), vc[a:b][None].transpose(1, 2)  # [1, Hkv, S, D]
         else:
-            K = kc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
-            V = vc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+            keys = kc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
+            values = vc[layout.kv_gather].transpose(1, 2)  # [B, Hkv, S_max, D]
         if layout.q_index is None:  # B == 1: the flat batch is the padded one
             Q = q.view(1, N, H, D).transpose(1, 2)  # [1, H, N, D]
         else:
             Q = q[layout.q_index].transpose(1, 2)  # [B, H, T_max, D]
-        out = F.scaled_dot_product_attention(Q, K, V, attn_mask=layout.mask, enable_gqa=True)  # [B, H, T, D]
+        out = F.scaled_dot_product_attention(Q, keys, values, attn_mask=layout.mask, enable_gqa=True)  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(-1, H * D)  # [B*T_max, H*D]
         return out if layout.unpad is None else out[layout.unpad]  # [N, H*D]
 

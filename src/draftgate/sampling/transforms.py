@@ -5,8 +5,9 @@ needs both sides to go through identical transforms (temperature, then top-k,
 then top-p, the HF/vLLM order).
 
 Randomness never comes from a global: callers draw uniforms from each
-sequence's own ``torch.Generator`` (``draw_uniforms``) and pass them in, so a
-seeded request is reproducible whatever else shares its batch.
+sequence's own ``torch.Generator`` (the engine's ``PositionRandom``; ``draw_uniforms``
+for batches of generators) and pass them in, so a seeded request is reproducible
+whatever else shares its batch.
 
 Deviation from HF/vLLM, flagged: top-k and top-p cut at a logit *value*, so
 tokens tied with the last kept token are kept too. The kept set then depends

@@ -19,7 +19,8 @@ Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model
 Decoding with Speculative Sampling").
 
 Randomness comes in as uniforms drawn by the caller from per-sequence
-generators (``draftgate.sampling.draw_uniforms``); nothing here draws any.
+generators (the engine's ``PositionRandom``, keyed by output position); nothing
+here draws any.
 """
 
 from __future__ import annotations

@@ -18,85 +18,69 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from draftgate.drafters.base import Drafter, DraftRequest
 from draftgate.engine import CostModel
-from draftgate.types import SamplingParams
+from draftgate.types import SamplingParams, SpecStats
 
-__all__ = ["ShadowScore", "ShadowTotals", "score_sequence", "predicted_speedup"]
+__all__ = ["ShadowTotals", "score_sequence", "predicted_speedup"]
 
 # Shadow sequences get ids far from the engine's, so a drafter's per-sequence state never collides.
 _SHADOW_IDS = itertools.count(1 << 48)
 
 
-@dataclass(frozen=True)
-class ShadowScore:
-    rounds: int
-    drafted: int
-    accepted: int
-    emitted: int
-    draft_s: float = 0.0  # seconds spent in the drafter
-
-
 @dataclass
 class ShadowTotals:
-    requests: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    draft_s: float = 0.0
+    """A route's shadow replays: how many requests, and their speculation counters."""
 
-    def add(self, s: ShadowScore) -> None:
+    requests: int = 0
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    def add(self, s: SpecStats) -> None:
         self.requests += 1
-        self.rounds += s.rounds
-        self.drafted += s.drafted
-        self.accepted += s.accepted
-        self.emitted += s.emitted
-        self.draft_s += s.draft_s
+        self.stats.merge(s)
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.stats.acceptance_rate
 
     @property
     def mean_accepted_length(self) -> float:
-        return self.emitted / self.rounds if self.rounds else 0.0
+        return self.stats.mean_accepted_length
 
     @property
     def mean_drafted(self) -> float:
-        return self.drafted / self.rounds if self.rounds else 0.0
+        return self.stats.draft_tokens / self.stats.rounds if self.stats.rounds else 0.0
 
 
 def score_sequence(
     drafter: Drafter, tokens: Sequence[int], prompt_len: int, k: int, params: SamplingParams | None = None
-) -> ShadowScore:
+) -> SpecStats:
     """Replay speculation with ``drafter`` over ``tokens`` (prompt + output), K fixed at ``k``."""
     if not 1 <= prompt_len <= len(tokens):
         raise ValueError(f"prompt_len must be in [1, {len(tokens)}], got {prompt_len}")
     params = params or SamplingParams(temperature=0.0)
     seq_id = next(_SHADOW_IDS)
-    rounds = drafted = accepted = emitted = 0
-    draft_s = 0.0
+    out = SpecStats(drafter=drafter.name)
     i = prompt_len  # the next position to produce
     try:
         while i < len(tokens):
             k_i = min(k, len(tokens) - i - 1)  # the last token is always the target's own
             t0 = time.perf_counter()
             draft = drafter.propose([DraftRequest(seq_id, tokens[:i], k_i, params)])[0] if k_i > 0 else None
-            draft_s += time.perf_counter() - t0
+            out.draft_time_s += time.perf_counter() - t0
             ids = list(draft.token_ids[:k_i]) if draft is not None else []
             a = 0
             while a < len(ids) and ids[a] == tokens[i + a]:
                 a += 1
-            rounds, drafted, accepted, emitted = rounds + 1, drafted + len(ids), accepted + a, emitted + a + 1
+            out.record_round(len(ids), a, a + 1)
             if ids:
                 drafter.observe(seq_id, tokens[: i + a + 1], len(ids), a)
             i += a + 1
     finally:
         drafter.release(seq_id)
-    return ShadowScore(rounds, drafted, accepted, emitted, draft_s)
+    return out
 
 
 def predicted_speedup(totals: ShadowTotals, cost: CostModel) -> float:
@@ -105,8 +89,9 @@ def predicted_speedup(totals: ShadowTotals, cost: CostModel) -> float:
     Forward times come from the engine's cost model; the draft time per round is what
     the shadow replay itself measured (the engine never drafts on a route that is off).
     """
-    if not totals.rounds:
+    st = totals.stats
+    if not st.rounds:
         return 0.0
     plain = cost.forward_time(1)
-    spec = cost.forward_time(max(1, round(1 + totals.mean_drafted))) + totals.draft_s / totals.rounds
+    spec = cost.forward_time(max(1, round(1 + totals.mean_drafted))) + st.draft_time_s / st.rounds
     return totals.mean_accepted_length * plain / spec if spec > 0 else 0.0
