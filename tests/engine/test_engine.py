@@ -279,8 +279,11 @@ def test_real_eos_inside_accepted_block(real_engine: Engine, real_model: LoadedM
     assert res.finish_reason == "stop" and res.text == plain.text
     last = res.chunks[-1]
     assert len(last.token_ids) > 1, "EOS did not arrive inside an accepted block"
-    # Drafts after EOS were accepted too and then cut: the round emitted more than was kept.
-    assert res.stats.emitted_tokens > len(res.token_ids) - 1
+    # Drafts after EOS were accepted too and then cut: the round accepted more than was kept,
+    # and emitted counts what was kept (every token but the prefill's).
+    st = res.stats
+    assert st.accepted_tokens + st.rounds > len(res.token_ids) - 1
+    assert st.emitted_tokens == len(res.token_ids) - 1
 
 
 @pytest.mark.real_model
@@ -553,7 +556,9 @@ def test_tiny_eos_inside_accepted_block(make_tiny: Callable[..., Engine]) -> Non
         res = run_batch(eng, [prompt], SamplingParams(max_new_tokens=40))[0]
     assert res.token_ids == plain and res.finish_reason == "stop"
     assert len(res.chunks[-1].token_ids) > 1  # the last block carried EOS ...
-    assert res.stats.emitted_tokens > len(plain) - 1  # ... and accepted tokens after it, cut
+    st = res.stats
+    assert st.accepted_tokens + st.rounds > len(plain) - 1  # ... and accepted drafts after it, cut
+    assert st.emitted_tokens == len(res.token_ids) - 1  # emitted counts what was kept (not the prefill's)
 
 
 @pytest.mark.parametrize("n", [1, 2, 5])
@@ -588,6 +593,7 @@ def test_tiny_stop_string_equals_plain(
         )  # every draft accepted: the block runs past the stop
     for c in (spec, oracle):
         assert (c.text, c.token_ids, c.finish_reason) == (plain.text, plain.token_ids, "stop")
+        assert c.stats.emitted_tokens == len(c.token_ids) - 1  # the stop cut is not counted as emitted
 
 
 def test_streamed_text_is_the_final_text(
