@@ -302,8 +302,7 @@ def test_real_stop_string_cut_like_plain(real_engine: Engine, real_model: Loaded
 @pytest.mark.real_model
 def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> None:
     """Byte-level BPE splits emoji and accents over tokens: chunks hold bytes back until whole."""
-    from draftgate.engine.sequence import IncrementalText
-    from draftgate.engine.sequence import StopChecker
+    from draftgate.engine.sequence import IncrementalText, StopChecker
 
     tok = real_engine.tokenizer
     text = "Café 😀 naïve 日本語 ok"
@@ -916,3 +915,38 @@ def test_speculative_stats_consistent(make_tiny: Callable[..., Engine]) -> None:
     # The engine's aggregate is the sum of the requests'.
     assert eng.stats.accepted_tokens == total
     assert eng.stats.rounds == sum(r.stats.rounds for r in res)
+
+
+@pytest.mark.parametrize("when", ["prefill", "decode"])
+def test_nan_logits_end_that_request_with_a_clear_error(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A NaN in one request's logits (a poisoned prompt, a broken weight) is an error for it alone:
+    never token V-1, never the NaN's index under greedy; the batch's other requests go on."""
+    from draftgate.models.batch import ForwardOutput
+
+    eng = make_tiny(DrafterKind.NGRAM, 4)
+    real = eng.runner.forward_flat
+    bad_prompt = list(TINY_PROMPTS[1])
+    poisoned: set[int] = set()
+
+    def forward_flat(items):  # noqa: ANN001, ANN202
+        out = real(items)
+        rows, logits, argmax = 0, out.logits.clone(), out.argmax.clone()
+        for it in items:
+            is_prefill = list(it.tokens) == bad_prompt
+            if is_prefill:
+                poisoned.add(it.seq_id)
+            if it.seq_id in poisoned and (is_prefill == (when == "prefill")):
+                logits[rows + it.num_logits - 1, 3] = float("nan")
+                argmax[rows + it.num_logits - 1] = -1  # what the runner reports for a non-finite row
+            rows += it.num_logits
+        return ForwardOutput(logits, argmax)
+
+    monkeypatch.setattr(eng.runner, "forward_flat", forward_flat)
+    params = SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True)
+    res = run_batch_allow_error(eng, [TINY_PROMPTS[0], TINY_PROMPTS[1]], params)
+    good, bad = res
+    assert bad.finish_reason == "error" and "NaN or infinite logits" in (bad.chunks[-1].error or "")
+    assert good.finish_reason == "length" and good.token_ids == tiny_plain["greedy"][0]
+    assert_no_leaks(eng)

@@ -20,7 +20,12 @@ from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
 from draftgate.verify import RoundDraft, target_choice, verify_round
 
-__all__ = ["LocalTarget", "first_token"]
+__all__ = ["LocalTarget", "first_token", "NON_FINITE"]
+
+NON_FINITE = (
+    "the target model produced NaN or infinite logits for this request (numerical overflow in the "
+    "model or its weights); the request cannot continue"
+)
 
 
 def first_token(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> int:
@@ -68,6 +73,9 @@ class LocalTarget:
             raise NotNow("waiting for running requests to free KV blocks")
         try:
             logits = self.runner.prefill(work.seq_id, prompt)[None]  # [1, V]
+            if not bool(torch.isfinite(logits).all()):
+                self.runner.free(work.seq_id)
+                return RoundDone([], 0, error=NON_FINITE)
             first = first_token(logits, work.params, work.uniforms)
         except Exception as e:  # a failed prefill fails this sequence only (prefill freed its KV)
             self.runner.free(work.seq_id)
@@ -79,12 +87,26 @@ class LocalTarget:
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         # 2. One batched forward over [pending, drafts...] per sequence.
         items = [ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
-        out = self.runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax
-        # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix.
-        outcome = verify_round(out.logits, [_round_draft(w) for w in work], out.argmax)
-        for w, a in zip(work, outcome.accepted, strict=True):
-            self.runner.truncate(w.seq_id, len(w.history) + a)  # KV keeps pending + accepted drafts
-        return [RoundDone(e, a) for e, a in zip(outcome.emitted, outcome.accepted, strict=True)]
+        out = self.runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax (-1: not finite)
+        # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
+        bounds, start = [], 0
+        for it in items:
+            bounds.append((start, start + it.num_logits))
+            start += it.num_logits
+        bad = [bool((out.argmax[a:b] < 0).any()) for a, b in bounds]
+        ok = [i for i, b in enumerate(bad) if not b]
+        done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
+        if ok:
+            rows = torch.cat([torch.arange(*bounds[i]) for i in ok])  # the good sequences' rows
+            logits, argmax = (out.logits, out.argmax) if len(ok) == len(work) else (out.logits[rows], out.argmax[rows])
+            # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix.
+            outcome = verify_round(logits, [_round_draft(work[i]) for i in ok], argmax)
+            for i, e, a in zip(ok, outcome.emitted, outcome.accepted, strict=True):
+                self.runner.truncate(work[i].seq_id, len(work[i].history) + a)  # KV keeps pending + accepted drafts
+                done[i] = RoundDone(e, a)
+        for i in (i for i, b in enumerate(bad) if b):
+            self.runner.truncate(work[i].seq_id, len(work[i].history) - 1)  # its round's KV is garbage
+        return done
 
     def close(self, seq_id: int) -> None:
         self.runner.free(seq_id)
