@@ -245,9 +245,15 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
         Draft(token_ids=[1, V]),  # outside the vocabulary
         Draft(token_ids=[1, 2], q=torch.full((3, V), 1 / V)),  # q rows != drafts
         Draft(token_ids=[1], q=SparseQ(torch.tensor([[1, V + 3]]), torch.tensor([[0.5, 0.5]]))),
+        Draft(token_ids=[1], q=SparseQ(torch.tensor([[1, 2]]), torch.tensor([[0.5, 0.9]]))),  # sums to 1.4
+        Draft(token_ids=[1], q=SparseQ(torch.tensor([[1, 2]]), torch.tensor([[1.5, -0.5]]))),  # negative
+        Draft(token_ids=[1], q=SparseQ(torch.tensor([[1, 2]]), torch.tensor([[float("nan"), 1.0]]))),
+        Draft(token_ids=[3], q=SparseQ(torch.tensor([[1, 2]]), torch.tensor([[0.5, 0.5]]))),  # 3 not in its q
+        Draft(token_ids=[1], q=torch.full((1, V), 2.0 / V)),  # dense, sums to 2
         None,  # the drafter raises for this sequence
     ],
-    ids=["too-long", "bad-id", "q-shape", "sparse-bad-id", "raises"],
+    ids=["too-long", "bad-id", "q-shape", "sparse-bad-id", "q-not-normalised", "q-negative", "q-nan",
+         "token-outside-q", "dense-q-not-normalised", "raises"],  # fmt: skip
 )
 def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | None) -> None:
     good = Draft(token_ids=[17, 33, 17])

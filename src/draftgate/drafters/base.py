@@ -18,7 +18,7 @@ import torch
 
 from draftgate.types import SamplingParams
 
-__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "mass_at_drafts", "is_one_hot"]
+__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "mass_at_drafts", "is_one_hot", "draft_problem"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,43 @@ def is_one_hot(d: Draft) -> bool:
     """Every q row puts all its mass on the drafted token (a deterministic draft in disguise)."""
     at_x, total = mass_at_drafts(d)
     return bool((at_x == total).all())
+
+
+Q_SUM_TOLERANCE = 1e-3  # a q row must sum to 1 within this (float32 softmax rows do, to ~1e-6)
+
+
+def draft_problem(d: Draft, k: int, V: int) -> str | None:
+    """Why the target cannot verify ``d`` exactly, or None if it can. The one validation of a draft.
+
+    A draft must have at most k ids in [0, V); q, if any, dense ``[n, V]`` or sparse
+    ``([n, M], [n, M])`` with ids in [0, V), every probability finite and >= 0, each row summing
+    to 1, and each drafted token inside its own q (it was drawn from it). Every path (the
+    embedded engine, a gRPC worker's session) treats a draft with a problem the same way: that
+    request decodes plainly this round, nothing fails.
+    """
+    n = len(d.token_ids)
+    if n > k:
+        return f"{n} draft tokens for k = {k}"
+    if any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
+        return f"draft token ids must be in [0, {V})"
+    if d.q is None:
+        return None
+    if isinstance(d.q, SparseQ):
+        ids, probs = d.q.ids, d.q.probs
+        if ids.dim() != 2 or ids.shape != probs.shape or ids.shape[0] != n or ids.dtype != torch.int64:
+            return "sparse q must be int64 ids [n, M] and probs [n, M] for n draft tokens"
+        if n and not bool(((ids >= 0) & (ids < V)).all()):
+            return f"sparse q ids must be in [0, {V})"
+    elif d.q.dim() != 2 or tuple(d.q.shape) != (n, V):
+        return f"dense q must be [{n}, {V}]"
+    if n == 0:
+        return None
+    probs = (d.q.probs if isinstance(d.q, SparseQ) else d.q).float()
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        return "q probabilities must be finite and >= 0"
+    at_x, total = mass_at_drafts(d)
+    if bool(((total - 1.0).abs() > Q_SUM_TOLERANCE).any()):
+        return "each q row must sum to 1"
+    if not bool((at_x > 0).all()):
+        return "a draft token lies outside the q it was drawn from"
+    return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+import logging
 import math
 import queue
 import threading
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.drafters.base import Draft, DraftRequest, SparseQ, draft_problem
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import round_work, speculative_step
@@ -42,6 +43,7 @@ from draftgate.types import SamplingParams
 
 __all__ = ["RoundResult", "ScoredPosition", "SessionHost", "SessionGone", "WorkerShuttingDown", "MAX_DRAFT_TOKENS", "MAX_TOP_N"]
 
+log = logging.getLogger("draftgate.worker")
 MAX_DRAFT_TOKENS = 32  # most drafts a round may carry
 MAX_TOP_N = 20  # most alternatives Score returns per position (OpenAI's limit)
 _SCORE_CHUNK = 512
@@ -246,28 +248,32 @@ class SessionHost:
     # ------------------------------------------------------------------ validation
 
     def _check_draft(self, draft: list[int], q_rows: Sequence[tuple[Sequence[int], Sequence[float]]]) -> Draft:
-        V, K = self.runner.vocab_size, len(draft)
-        if K > MAX_DRAFT_TOKENS or any(not 0 <= t < V for t in draft):
-            raise BadRequestError(f"a round carries at most {MAX_DRAFT_TOKENS} draft ids in [0, {V})")
+        """The round's draft, or no draft (a plain round) if it cannot be verified exactly.
+
+        The one validation every path uses (``drafters.base.draft_problem``): a bad draft costs its
+        round's drafts, as in the embedded engine, never the session.
+        """
+        V = self.runner.vocab_size
+        d = self._to_draft(draft, q_rows)
+        problem = "q rows do not match the draft tokens" if d is None else draft_problem(d, MAX_DRAFT_TOKENS, V)
+        if problem is not None:
+            log.warning("a round's draft cannot be verified (%s): this round decodes plainly", problem)
+            return Draft([])
+        assert d is not None
+        return d
+
+    @staticmethod
+    def _to_draft(draft: list[int], q_rows: Sequence[tuple[Sequence[int], Sequence[float]]]) -> Draft | None:
         if not q_rows:
             return Draft(draft)
-        if len(q_rows) != K:
-            raise BadRequestError(f"q has {len(q_rows)} rows for {K} draft tokens")
+        if len(q_rows) != len(draft) or any(len(ids) != len(probs) or not ids for ids, probs in q_rows):
+            return None
         M = max(len(ids) for ids, _ in q_rows)
-        ids_t = torch.zeros(K, max(M, 1), dtype=torch.int64)  # [K, M], padding: id 0 with prob 0
-        probs_t = torch.zeros(K, max(M, 1), dtype=torch.float32)  # [K, M]
-        for i, ((ids, probs), x) in enumerate(zip(q_rows, draft, strict=True)):
-            if len(ids) != len(probs) or not ids or any(not 0 <= t < V for t in ids):
-                raise BadRequestError(f"q row {i}: ids and probs must be non-empty, equal-length, ids in [0, {V})")
-            row = torch.tensor(list(probs), dtype=torch.float32)
-            total = float(row.sum())
-            if not bool(torch.isfinite(row).all()) or bool((row < 0).any()) or not total > 0:
-                raise BadRequestError(f"q row {i}: probabilities must be finite, >= 0, with a positive sum")
-            ids_t[i, : len(ids)] = torch.tensor(list(ids), dtype=torch.int64)
-            # The client sampled x from probs / sum(probs) (inverse CDF normalises): use exactly that.
-            probs_t[i, : len(ids)] = row / total
-            if not float(probs_t[i][ids_t[i] == x].sum()) > 0:
-                raise BadRequestError(f"q row {i}: draft token {x} is outside its own q's support")
+        ids_t = torch.zeros(len(draft), M, dtype=torch.int64)  # [K, M], padding: id 0 with prob 0
+        probs_t = torch.zeros(len(draft), M, dtype=torch.float32)  # [K, M]
+        for i, (ids, probs) in enumerate(q_rows):
+            ids_t[i, : len(ids)] = torch.tensor([int(t) for t in ids], dtype=torch.int64)
+            probs_t[i, : len(probs)] = torch.tensor([float(p) for p in probs], dtype=torch.float32)
         return Draft(draft, SparseQ(ids_t, probs_t))
 
     def _blocks_for(self, n_tokens: int) -> int:
@@ -366,11 +372,12 @@ class SessionHost:
             sess = self._sessions.get(r.sid)
             if sess is None or sess.done or not sess.prefilled:
                 _resolve(r.future, error=SessionGone("the session is not open (closed, finished or not started)"))
-            elif r.sid in batch or len(r.draft.token_ids) > sess.k_max:
-                msg = "one round at a time per session" if r.sid in batch else "more drafts than max_draft_tokens"
-                _resolve(r.future, error=BadRequestError(msg))
+            elif r.sid in batch:
+                _resolve(r.future, error=BadRequestError("one round at a time per session"))
             elif len(batch) >= self.max_batch:
                 self._pending_rounds.append(r)
+            elif len(r.draft.token_ids) > sess.k_max:  # more drafts than its KV reserve: a plain round
+                batch[r.sid] = _Round(r.sid, Draft([]), r.future)
             else:
                 batch[r.sid] = r
         if not batch:

@@ -22,9 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from draftgate.drafters.base import Draft, Drafter, DraftRequest, SparseQ
+from draftgate.drafters.base import Draft, Drafter, DraftRequest, draft_problem
 from draftgate.engine.sequence import SequenceState
 from draftgate.engine.target import RoundTarget, RoundWork
 
@@ -110,12 +108,4 @@ def _propose_one(drafter: Drafter, req: DraftRequest) -> Draft | None:
 
 
 def _fits(d: Draft, k: int, V: int) -> bool:
-    """A draft the target can verify: at most k ids in [0, V), q (if any) [n, V] or sparse [n, M]."""
-    n = len(d.token_ids)
-    if n > k or any(not 0 <= t < V for t in d.token_ids):
-        return False
-    if isinstance(d.q, SparseQ):
-        ids, probs = d.q.ids, d.q.probs
-        in_vocab = ids.dtype == torch.int64 and bool(((ids >= 0) & (ids < V)).all())
-        return ids.dim() == 2 and ids.shape == probs.shape and ids.shape[0] == n and in_vocab
-    return d.q is None or tuple(d.q.shape) == (n, V)
+    return draft_problem(d, k, V) is None
