@@ -950,3 +950,42 @@ def test_nan_logits_end_that_request_with_a_clear_error(
     assert bad.finish_reason == "error" and "NaN or infinite logits" in (bad.chunks[-1].error or "")
     assert good.finish_reason == "length" and good.token_ids == tiny_plain["greedy"][0]
     assert_no_leaks(eng)
+
+
+def test_k_choice_sees_the_other_sequences_tokens_and_draft_calls_are_priced_per_request(
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """other_tokens is tokens (k + 1 of each sequence chosen before, 1 for each still to choose),
+    not a count of sequences; a batch's draft call is priced by its longest draft, the k a
+    request looks up, not by the batch's total."""
+    base = make_tiny(DrafterKind.NONE, max_batch=4)
+    refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
+    eng = engine_with(base, OracleDrafter(refs), k=None, k_max=3)
+    choose, step = eng._choose_k, eng._step
+    seen: list[tuple[int, int]] = []  # (other_tokens, k chosen) in batch order
+    rounds: list[list[tuple[int, int]]] = []
+
+    def recorded_choose(r, other_tokens):  # noqa: ANN001, ANN202
+        k = choose(r, other_tokens)
+        seen.append((other_tokens, k))
+        return k
+
+    def recorded_step() -> None:
+        seen.clear()
+        step()
+        rounds.append(list(seen))
+
+    monkeypatch.setattr(eng, "_choose_k", recorded_choose)
+    monkeypatch.setattr(eng, "_step", recorded_step)
+    priced: list[int] = []
+    observe = eng.cost.observe_draft
+    eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
+    with running(eng):
+        res = run_batch(eng, TINY_PROMPTS[:3], TINY_SETTINGS["greedy"])
+    assert [r.token_ids for r in res] == tiny_plain["greedy"][:3]
+    assert any(len(r) == 3 for r in rounds)
+    for r in rounds:
+        ks = [k for _, k in r]
+        assert [o for o, _ in r] == [sum(k + 1 for k in ks[:i]) + len(r) - 1 - i for i in range(len(r))]
+    assert any(k for r in rounds if len(r) == 3 for _, k in r)  # speculation ran with three in the batch
+    assert priced and max(priced) <= 3  # the longest draft (k_max 3), never the batch's total

@@ -35,6 +35,13 @@ OPTIMISM: Final = 1.5  # posterior sds added to each alpha before K = 0 may be c
 SURPRISE: Final = 0.01  # a probe this unlikely under the window's estimates discards the window
 POOL_MIN_ROUNDS: Final = 8.0  # a pool this thin is not yet a prior
 POOL_WEIGHT: Final = 4.0  # a pooled prior counts as this many of the request's own rounds
+# Plain decoding's cost is only measured in K = 0 rounds, which speculation stops running: while
+# speculating, re-measure it with one K = 0 round ("down-probe") this often (forwards of any
+# request since plain's size was last timed), sooner while it has few timings; one slow first
+# timing (a GC pause) must not keep a losing speculation on for good.
+DOWN_PROBE_EVERY: Final = 128
+DOWN_PROBE_EVERY_FEW: Final = 16
+FEW_PLAIN_TIMINGS: Final = 5
 
 
 def _prior(n: float) -> float:
@@ -89,6 +96,8 @@ class CostModel:
         self._slope: float | None = None  # fitted b; lazy
         self._draft: dict[str, dict[int, deque[float]]] = {}  # drafter -> k -> last `window` seconds
         self._draft_fit: dict[str, tuple[float, float]] = {}  # drafter -> (overhead, per-token); lazy
+        self._forwards = 0  # forward observations so far
+        self._last_seen: dict[int, int] = {}  # bucket -> value of _forwards when it was last observed
         self._catch_up: dict[str, deque[float]] = {}  # drafter -> last `window` seconds per caught-up token
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
@@ -103,10 +112,21 @@ class CostModel:
         obs.append(t)
         self._fwd[key] = statistics.median(obs)
         self._prefix_min = self._slope = None
+        self._forwards += 1
+        self._last_seen[key] = self._forwards
 
     def measured(self, n: int) -> bool:
         """Whether a forward of n tokens (its bucket) has been timed."""
         return _bucket(n) in self._fwd
+
+    def timings(self, n: int) -> int:
+        """How many timings the window holds for forwards of n tokens (its bucket)."""
+        obs = self._obs.get(_bucket(n))
+        return len(obs) if obs is not None else 0
+
+    def staleness(self, n: int) -> int:
+        """Forwards observed since one of n tokens (its bucket) was last timed (all of them if never)."""
+        return self._forwards - self._last_seen.get(_bucket(n), 0)
 
     def forward_time(self, n: int, optimistic: bool = False) -> float:
         """Estimated seconds of a forward over n tokens (prior units before any observation)."""
@@ -149,7 +169,7 @@ class CostModel:
         return self._slope
 
     def observe_draft(self, drafter: str, num_tokens: int, seconds: float) -> None:
-        """One call of drafter that proposed num_tokens tokens took seconds."""
+        """One call of drafter whose longest draft was num_tokens tokens took seconds."""
         _check(num_tokens, 0, seconds)
         per_k = self._draft.setdefault(drafter, {})
         obs = per_k.get(num_tokens)
@@ -175,7 +195,7 @@ class CostModel:
         return statistics.median(obs) * num_tokens if obs and num_tokens > 0 else 0.0
 
     def draft_time(self, drafter: str, k: int) -> float:
-        """Estimated seconds for drafter to propose k tokens; 0 for k == 0 or before any call."""
+        """Estimated seconds of a draft call whose longest draft is k tokens; 0 for k == 0 or before any call."""
         per_k = self._draft.get(drafter)
         if k <= 0 or not per_k:
             return 0.0
@@ -385,6 +405,7 @@ class GoodputController:
         self.interval = probe_interval  # current back-off interval
         self.last_k = 0
         self.probes = 0
+        self.down_probes = 0
         self._zero_run = 0  # consecutive K = 0 rounds since the last probe
         self._probing = False  # the last choose_k returned a probe ...
         self._probe_seen = False  # ... and its outcome has been recorded
@@ -405,6 +426,10 @@ class GoodputController:
         k = self._best_k(cost, other_tokens)
         if k > 0 and not self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=0.0):
             k = 0
+        if k > 0 and self._down_probe_due(cost, other_tokens + 1):
+            self.down_probes += 1
+            self.last_k = 0
+            return 0  # re-measure plain decoding (speculation goes on next round)
         if self._probing:
             self._probing = False
             if k == 0 and self._probe_seen:  # the probe confirmed plain decoding: back off
@@ -424,6 +449,13 @@ class GoodputController:
             self._zero_run += 1
         self.last_k = k
         return k
+
+    @staticmethod
+    def _down_probe_due(cost: CostModel, plain: int) -> bool:
+        if not cost.measured(plain):
+            return False  # _best_k runs plain first while its cost is only a guess
+        every = DOWN_PROBE_EVERY_FEW if cost.timings(plain) < FEW_PLAIN_TIMINGS else DOWN_PROBE_EVERY
+        return cost.staleness(plain) >= every
 
     def _worth_catching_up(
         self, cost: CostModel, other_tokens: int, catch_up: int, remaining: int | None, k: int, z: float

@@ -218,7 +218,12 @@ class Engine(Frontend):
 
     def _step(self) -> None:
         batch = list(self._running)
-        ks = [self._choose_k(r, len(batch) - 1) for r in batch]
+        ks: list[int] = []
+        for i, r in enumerate(batch):
+            # Tokens the other sequences put in the same forward: k + 1 for those already chosen,
+            # at least 1 (plain) for those still to choose.
+            others = sum(k + 1 for k in ks) + (len(batch) - i - 1)
+            ks.append(self._choose_k(r, others))
         lag = [0 if r.drafted_last else len(r.seq.history) - r.synced for r in batch]
         seen = [len(r.seq.history) for r in batch]
         try:
@@ -264,9 +269,11 @@ class Engine(Frontend):
     def _observe_draft_cost(
         self, batch: list[_Req], asked: list[int], drafted: list[int], lag: list[int], seconds: float
     ) -> None:
-        """Price this round's draft call: per k in steady state, else its catch-up per token.
+        """Price this round's draft call: by its longest draft in steady state, else its catch-up per token.
 
-        Steady state (every drafting request drafted last round too) prices a call by its k. A
+        Steady state (every drafting request drafted last round too) prices the call by the longest
+        draft in it (each request waits for the whole call, and ``draft_time(k)`` is looked up per
+        request's k; a model drafter's call takes one step per token of its longest draft). A
         call that also caught the drafter up on tokens it had missed (a request's prompt, the
         plain rounds since its last draft) is a cost of catching up, not of k: counted per k it
         would price a cheap steady-state drafter out for good; counted per caught-up token
@@ -276,14 +283,14 @@ class Engine(Frontend):
         if self.drafter is None or not any(asked):
             return
         name = self.drafter.name
-        total = sum(drafted)
+        longest = max(drafted)  # a request waits for the whole call: price it by its longest draft
         behind = [(k, n) for k, n in zip(asked, lag, strict=True) if k and n]
         if not behind:
-            if total:
-                self.cost.observe_draft(name, total, seconds)
+            if longest:
+                self.cost.observe_draft(name, longest, seconds)
         elif len([k for k in asked if k]) == 1:
             (k, n), = behind
-            self.cost.observe_catch_up(name, n, seconds - self.cost.draft_time(name, max(total, 1)))
+            self.cost.observe_catch_up(name, n, seconds - self.cost.draft_time(name, max(longest, 1)))
 
     def _emit(self, r: _Req, tokens: list[int]) -> None:
         s = r.seq
