@@ -163,3 +163,32 @@ def test_server_eos_ends_the_request(tiny_model: LoadedModel, chat: bool) -> Non
         assert toks == server.greedy(ids, 7) and toks[-1] == tiny_model.tokenizer.eos_ids[0]
     finally:
         eng.shutdown()
+
+
+def test_approximate_requests_are_marked_in_the_response_and_counted_in_metrics(tiny_model: LoadedModel) -> None:
+    """Approximate mode is never invisible: ``speculative.approximate`` on the response and a counter."""
+    from gateway_support import CLIENT_KEY, metric, serve_app
+
+    from draftgate.server import AuthConfig, Route, RouteTable, create_app
+
+    server = RuleServer(tiny_model)
+    eng = OpenAITargetEngine(
+        "http://fake", tiny_model.tokenizer, NgramDrafter(), k=4, allow_approximate=True,
+        client=httpx.Client(transport=httpx.MockTransport(server)),
+    )  # fmt: skip
+    routes = RouteTable.of([Route("approx", eng, model="tiny")])
+    try:
+        with serve_app(create_app(routes, AuthConfig(api_keys=frozenset({CLIENT_KEY})))) as url:
+            gw = type("G", (), {"url": url})()
+            h = {"Authorization": f"Bearer {CLIENT_KEY}"}
+            name = "draftgate:spec_decode_approximate_requests_total"
+            for temperature, approx in ((0.0, False), (0.8, True)):
+                before = metric(gw, name, model_name="approx")  # type: ignore[arg-type]
+                r = httpx.post(url + "/v1/completions", headers=h, timeout=30, json={
+                    "model": "approx", "prompt": "a b c a b c a b", "max_tokens": 6, "temperature": temperature,
+                    "seed": 3, "ignore_eos": True})  # fmt: skip
+                assert r.status_code == 200, r.text
+                assert r.json()["speculative"]["approximate"] is approx
+                assert metric(gw, name, model_name="approx") == before + approx  # type: ignore[arg-type]
+    finally:
+        routes.close()

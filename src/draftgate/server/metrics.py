@@ -80,6 +80,12 @@ class ServerMetrics:
             [*ROUTE, "reason"],
             registry=reg,
         )
+        self.approximate_requests = Counter(
+            P + "spec_decode_approximate_requests",
+            "Requests verified by an approximation the route allows (sampling on an openai+http target).",
+            ROUTE,
+            registry=reg,
+        )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens.", ROUTE, registry=reg)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens.", ROUTE, registry=reg)
         self.ttft = Histogram(
@@ -107,7 +113,8 @@ class ServerMetrics:
         )
         reg.register(_RouteGauges(routes))
         for r in routes:  # every route's series exist (at 0) from the start
-            for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens):
+            for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
+                      self.approximate_requests):  # fmt: skip
                 c.labels(r.name)
             self.generation_tokens.labels(r.name)
 
@@ -160,6 +167,8 @@ class RequestTrace:
             m.request_failure.labels(r, reason).inc()
         if stats is None:
             return
+        if stats.approximate:
+            m.approximate_requests.labels(r).inc()
         m.num_drafts.labels(r).inc(stats.rounds)
         m.num_draft_tokens.labels(r).inc(stats.draft_tokens)
         m.num_accepted_tokens.labels(r).inc(stats.accepted_tokens)

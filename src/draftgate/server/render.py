@@ -2,8 +2,9 @@
 
 Our extension on every full response and on the final stream chunk:
 ``speculative`` = {drafter, draft_tokens, accepted_tokens, acceptance_rate,
-mean_accepted_length} for that request (mean accepted length counts the bonus or
-recovered token, so plain decoding reports 1.0).
+mean_accepted_length, approximate} for that request (mean accepted length counts the bonus or
+recovered token, so plain decoding reports 1.0; ``approximate`` is true when the route
+verified this request by an approximation it allows: sampling on an openai+http target).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def speculative_json(stats: SpecStats | None, drafter: str) -> dict[str, Any]:
         "accepted_tokens": s.accepted_tokens,
         "acceptance_rate": round(s.acceptance_rate, 4),
         "mean_accepted_length": round(s.mean_accepted_length, 4),
+        "approximate": s.approximate,
     }
 
 
