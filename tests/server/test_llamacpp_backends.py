@@ -25,7 +25,7 @@ from draftgate.drafters.llamacpp_server import LlamaCppServerDrafter
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.models.loader import LoadedModel, resolve_model_path
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
-from draftgate.server.backends import DrafterSpec, TargetSpec
+from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
 from draftgate.server.backends.build import build_backend
 from draftgate.server.backends.openai_target import OpenAITargetEngine
 from draftgate.types import SamplingParams
@@ -118,7 +118,7 @@ def _run(engine: object, ids: list[int], params: SamplingParams) -> tuple[list[i
 def test_llamacpp_drafter_in_front_of_embedded_is_lossless(real_model: LoadedModel, llama_server: str) -> None:
     cfg = EngineConfig(model="smollm2-135m", drafter=DrafterKind.NONE, k=4, num_blocks=256, block_size=16)
     plain = build_engine(cfg, loaded=real_model).start()
-    spec = build_backend(cfg, TargetSpec("embedded"), DrafterSpec("llamacpp", llama_server, 5.0), real_model).start()
+    spec = build_backend(cfg, TargetSpec(TargetKind.EMBEDDED), DrafterSpec(RemoteDrafterKind.LLAMACPP, llama_server, 5.0), real_model).start()
     try:
         drafted = 0
         for p in PROMPTS:

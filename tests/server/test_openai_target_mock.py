@@ -192,3 +192,28 @@ def test_approximate_requests_are_marked_in_the_response_and_counted_in_metrics(
                 assert metric(gw, name, model_name="approx") == before + approx  # type: ignore[arg-type]
     finally:
         routes.close()
+
+
+@pytest.mark.parametrize("drafter", ["halfright", "none"])
+def test_an_ambiguous_server_token_ends_the_request_clearly_never_a_guess(tiny_model: LoadedModel, drafter: str) -> None:
+    """The server's choice prints like several ids (here <pad>, which prints "" like BOS and EOS):
+    which one it chose is unknown. Reading "" as EOS ended the request early with finish "stop";
+    now the tokens before it are exact and the request ends with an error that says why."""
+    server = RuleServer(tiny_model)
+    ids = tiny_model.tokenizer.encode("a b c a b c a b", add_special=False)
+    pad_at = len(ids) + 5
+    rule = server.next
+    server.next = lambda h: 0 if len(h) == pad_at else rule(h)  # type: ignore[method-assign]
+    d = HalfRightDrafter(server) if drafter == "halfright" else None
+    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, d, k=4,
+                             client=httpx.Client(transport=httpx.MockTransport(server)))  # fmt: skip
+    try:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        eng.submit(ids, SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True), q.put)
+        toks: list[int] = []
+        while (c := q.get(timeout=30)).finish_reason is None:
+            toks.extend(c.token_ids)
+        assert c.finish_reason == "error" and "prints like 3 ids" in (c.error or "")
+        assert toks + list(c.token_ids) == server.greedy(ids, 5)  # exact up to the ambiguous token
+    finally:
+        eng.shutdown()

@@ -17,7 +17,7 @@ from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server import AuthConfig, create_app
-from draftgate.server.backends import DrafterSpec, parse_drafter, parse_target
+from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, parse_drafter, parse_target
 from draftgate.server.routes_file import RoutesFileError, RouteSpec, build_route_table, parse_routes
 from draftgate.server.rpc.client import RemoteTargetEngine
 from draftgate.server.rpc.target_server import TargetWorkerServer
@@ -68,7 +68,7 @@ def test_routes_file_remote_keys() -> None:
         "  - name: c\n"
     )
     a, b, c = parse_routes(text, Path("r.yaml"), EngineConfig(), default_drafter="llamacpp+http://x:1")
-    assert a.target.addresses == ("grpc://h:1", "grpc://h:2") and a.drafter_spec == DrafterSpec("http", "http://d:7", 0.02)
+    assert a.target.addresses == ("grpc://h:1", "grpc://h:2") and a.drafter_spec == DrafterSpec(RemoteDrafterKind.HTTP, "http://d:7", 0.02)
     assert b.target.kind == "openai" and b.allow_approximate and b.drafter_spec.kind == DrafterKind.NGRAM
     assert c.target.kind == "embedded" and c.drafter_spec.kind == "llamacpp"
 

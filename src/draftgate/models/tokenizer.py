@@ -65,6 +65,10 @@ class TextTokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
+    def special_ids(self) -> set[int]:
+        """Ids of the special (added) tokens: they print as nothing in decoded text."""
+        return {int(i) for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
 

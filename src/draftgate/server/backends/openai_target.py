@@ -30,12 +30,11 @@ and checks:
   one; tokens equal to its BOS id are skipped in the lists and the first entry
   is null. All of this is mapped explicitly and the layout is checked (entry
   count and echoed strings) on every round. Entries are keyed by token *string*: strings map
-  back to ids through the route's tokenizer (the same GGUF). Two strings are
-  shared by several ids and resolved by rule (counted in ``TokenPieces.resolved``,
-  NOT exact if the server's choice was the other id): text that byte-fragment
-  tokens share with a complete token is read as the complete token, and ""
-  (every special token prints as "") is read as EOS. Any other shared string
-  ends the request with an error.
+  back to ids through the route's tokenizer (the same GGUF). A string several ids
+  share (every special token and byte fragment prints as "", ' ' stands for 38
+  ids) is never resolved by guessing: a round ends just before a position whose
+  server choice is such a string, and a request whose very next token is one ends
+  with a clear error (exact or a clear failure, never a silent drift).
 
 Verification is the engine's own (``verify.verify_round``) on logits rebuilt from the server's
 top-n log-probabilities (-inf outside them): exact for greedy. Sampling (temperature > 0) is
@@ -78,6 +77,14 @@ class VerifyError(RuntimeError):
     """The server's answer cannot be read exactly (layout, re-tokenization, ambiguous strings)."""
 
 
+class AmbiguousToken(VerifyError):
+    """The server's token prints like several ids of the route's tokenizer: which one it chose is unknown."""
+
+    def __init__(self, piece: str, n: int) -> None:
+        super().__init__(f"the server's token {piece!r} prints like {n} ids of the route's tokenizer")
+        self.piece = piece
+
+
 class RetokenizeError(VerifyError):
     """The server's tokens for the text are not the gateway's ids."""
 
@@ -100,49 +107,33 @@ class TokenPieces:
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
         inv = _bytes_to_unicode()
-        special: set[int] = set()
-        inner = getattr(tokenizer, "_tok", None)
-        if inner is not None and hasattr(inner, "get_added_tokens_decoder"):
-            special = {int(i) for i, t in inner.get_added_tokens_decoder().items() if getattr(t, "special", True)}
+        special = tokenizer.special_ids()
         self.pieces: list[str] = []
         self.by_piece: dict[str, list[int]] = {}
-        self.clean: dict[str, int] = {}  # string -> the one id whose bytes are complete UTF-8 with that text
-        self.resolved = 0  # strings that several ids share, resolved to the complete-UTF-8 id (or EOS)
-        self.eos = tokenizer.eos_ids[0] if tokenizer.eos_ids else -1
         for i in range(tokenizer.vocab_size):
             tok = tokenizer.id_to_token(i)
             if tok is None or i in special:
                 s = ""
             elif all(ch in inv for ch in tok):
-                raw = bytes(inv[ch] for ch in tok)
-                s = raw.decode("utf-8", errors="ignore")
-                try:
-                    if raw.decode("utf-8") == s:
-                        self.clean.setdefault(s, i)
-                except UnicodeDecodeError:
-                    pass
+                s = bytes(inv[ch] for ch in tok).decode("utf-8", errors="ignore")
             else:
                 s = tokenizer.decode([i], skip_special=False)
             self.pieces.append(s)
             self.by_piece.setdefault(s, []).append(i)
 
     def to_id(self, s: str) -> int:
+        """The one id that prints as ``s``; AmbiguousToken if several do (never a guess among them).
+
+        In llama.cpp's output every special token and every incomplete UTF-8 byte token prints as
+        "" (291 ids of SmolLM2), and ' ' stands for 38: reading "" as EOS ended text with emoji or
+        CJK early, and picking one of several ids let the history drift from the server's.
+        """
         ids = self.by_piece.get(s, [])
         if len(ids) == 1:
             return ids[0]
-        if s == "" and self.eos in ids:
-            # llama.cpp prints special tokens as "": an empty argmax is read as EOS (the special token a
-            # model chooses in practice). Not exact if the server chose another special token.
-            self.resolved += 1
-            return self.eos
-        if len(ids) > 1 and s in self.clean:
-            # Byte-fragment tokens print as their complete characters only (llama.cpp drops the
-            # fragment): take the complete-UTF-8 token. Not exact if the server's choice was a fragment.
-            self.resolved += 1
-            return self.clean[s]
-        raise VerifyError(
-            f"the server's token {s!r} maps to {len(ids)} ids of the route's tokenizer; it cannot be verified exactly"
-        )
+        if not ids:
+            raise VerifyError(f"the server's token {s!r} is not in the route's tokenizer")
+        raise AmbiguousToken(s, len(ids))
 
 
 class OpenAIScorer:
@@ -190,11 +181,14 @@ class OpenAIScorer:
         kept = self._canonical_drafts(history, list(drafts))
         try:
             dists = self._server_dists(history + kept, len(history), top_n=top_n)
-        except RetokenizeError:
+        except (RetokenizeError, AmbiguousToken):
             if not kept:
                 raise
-            kept = []  # the drafts did not survive re-tokenization: verify none
+            # The drafts did not survive re-tokenization, or the server's next token is ambiguous
+            # in the middle of the echo: ask for it as the completion, where an EOS shows as one.
+            kept = []
             dists = self._server_dists(history, len(history), top_n=top_n)
+        kept = kept[: len(dists) - 1]  # an ambiguous position ends the round just before it
         logits = torch.full((len(dists), self.tokenizer.vocab_size), float("-inf"))  # [k+1, V]
         for row, dist in enumerate(dists):
             for tok, lp in dist.items():
@@ -284,8 +278,11 @@ class OpenAIScorer:
             if en is not None and toks[en] != pieces.pieces[ids[j + off]]:
                 raise VerifyError(f"the server echoed {toks[en]!r} at {j + off}, the gateway holds {pieces.pieces[ids[j + off]]!r}")
         out: list[dict[int, float]] = []
+        # The completion (max_tokens 1) stopped: the server's choice after all of ids was an end of
+        # generation, whatever string its distribution shows for it.
+        stopped = data["choices"][0].get("finish_reason") == "stop" and not data["choices"][0].get("text")
         for p in range(start, len(ids) + 1):
-            if eog_last and p == len(ids):
+            if (eog_last or stopped) and p == len(ids):
                 if not self.tokenizer.eos_ids:
                     raise VerifyError("the server ended generation but the route's tokenizer has no EOS id")
                 out.append({self.tokenizer.eos_ids[0]: 0.0})
@@ -296,14 +293,20 @@ class OpenAIScorer:
                 raise VerifyError(f"the server gave no distribution for position {p} (after a BOS or the first token)")
             dist: dict[int, float] = {}
             best = max(top.values())
-            for s, v in top.items():
-                if top_n == 1 and v < best:
-                    continue  # llama-cpp-python adds the echoed token's own entry: not part of the top-1
-                try:
-                    dist[pieces.to_id(s)] = float(v)
-                except VerifyError:
-                    if top_n == 1:
-                        raise
+            try:
+                for s, v in sorted(top.items(), key=lambda kv: -kv[1]):
+                    if top_n == 1 and v < best:
+                        continue  # llama-cpp-python adds the echoed token's own entry: not part of the top-1
+                    try:
+                        dist[pieces.to_id(s)] = float(v)
+                    except AmbiguousToken:
+                        if v == best:
+                            raise  # the server's own choice here cannot be identified
+                        # a lower alternative (approximate mode only): it cannot be placed, drop it
+            except AmbiguousToken:
+                if not out:
+                    raise  # the server's very next token cannot be identified: stop rather than guess
+                return out  # the round ends before this position (the scorer verifies what precedes it)
             out.append(dist)
         return out
 
