@@ -2,14 +2,16 @@
 
 a. exact tables: hand-written greedy and sampling cases with known outputs;
 b. seeded determinism: per-row generators make a row independent of its batch;
-c. statistics: many trials in the batch dimension; every emitted position must
-   follow the target distribution p. A test-local copy of the seed's broken
-   residual is the negative control: the same check must catch it.
+c. statistics: 300k trials in the batch dimension, a chi-square test at a fixed
+   significance level per emitted position and for the bonus tokens alone; draft
+   lengths are weighted so every cell has tens of thousands of samples. Five planted
+   broken verifiers are the negative controls: each must fail by >= 3x the threshold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from draftgate.sampling import draw_uniforms, logits_to_probs, sample_from_probs
 from draftgate.verify import VerifyResult, verify_greedy, verify_sampling
+from draftgate.verify.fidelity import ChiSquare, chi_square_fit
 from draftgate.verify.rejection import DraftQ, _accepted_prefix, _emit, _q_at, _q_of_drafts
 
 # ---------------------------------------------------------------- a. exact tables
@@ -184,10 +187,14 @@ def test_seeded_row_does_not_depend_on_its_batch() -> None:
 
 # -------------------------------------------------------------------- c. statistics
 
-TRIALS = 20_000
-V_STAT = 8
+TRIALS = 300_000
+V_STAT = 6
 K_STAT = 3
-SETTINGS = [  # (temperature, top_k, top_p), applied identically to p and q
+LEN_WEIGHTS = [0.04, 0.16, 0.25, 0.55]  # P(k_b = 0..K): bonus cells at every position get >= ~15k rows
+ALPHA = 1e-3  # for the whole test: split over its cells (Bonferroni)
+MARGIN = 3.0  # a negative control's worst cell must exceed the threshold by this factor
+Setting = tuple[float, int, float]  # (temperature, top_k, top_p), applied to p and q alike
+SETTINGS: list[Setting] = [
     (1.0, 0, 1.0),
     (0.6, 0, 1.0),
     (1.5, 4, 1.0),
@@ -197,20 +204,28 @@ SETTINGS = [  # (temperature, top_k, top_p), applied identically to p and q
 ]
 
 
-def _toy(
-    setting: tuple[float, int, float], q_kind: str, seed: int
-) -> tuple[Tensor, DraftQ, Tensor, Tensor]:
-    """p for K+1 positions and q for K, independent of the prefix, expanded over TRIALS rows.
+@dataclass(frozen=True)
+class Toy:
+    """p for K+1 positions and q for K, independent of the prefix, expanded over TRIALS rows."""
 
-    Returns (p [T, K+1, V], q, draft_ids [T, K], draft_lens [T]); drafts are drawn from q.
-    """
+    p: Tensor  # [T, K+1, V] target after the setting's transforms
+    q: DraftQ  # what the drafter reports: exactly the distribution its drafts came from
+    q_logits: Tensor  # [K, V] the drafter's logits (for controls that transform them wrongly)
+    draft_ids: Tensor  # [T, K] drawn from q
+    lens: Tensor  # [T] jagged, drawn with LEN_WEIGHTS
+
+
+def _toy(setting: Setting, q_kind: str, seed: int) -> Toy:
     g = torch.Generator().manual_seed(seed)
     T, K, V = TRIALS, K_STAT, V_STAT
-    p_pos = logits_to_probs(torch.randn(K + 1, V, generator=g) * 1.5, *setting)  # [K+1, V]
-    q_pos = logits_to_probs(torch.randn(K, V, generator=g) * 1.5, *setting)  # [K, V]
-    support = torch.tensor([0, 2, 3, 5, 6])  # sparse q: a strict subset of the vocabulary
+    p_logits = torch.randn(K + 1, V, generator=g) * 1.2  # [K+1, V]
+    p_pos = logits_to_probs(p_logits, *setting)  # [K+1, V]
+    # A fair drafter: q near p (acceptance ~0.6-0.8), so the deep positions get their samples.
+    q_logits = p_logits[:K] + torch.randn(K, V, generator=g) * 0.7  # [K, V]
+    q_pos = logits_to_probs(q_logits, *setting)  # [K, V]
+    support = q_pos.topk(4, dim=-1).indices  # [K, 4] sparse q: its top 4 (a strict subset of V)
     if q_kind == "sparse":
-        kept = torch.zeros(V).index_fill(0, support, 1.0)  # [V]
+        kept = torch.zeros(K, V).scatter_(1, support, 1.0)  # [K, V]
         q_pos = q_pos * kept + 1e-3 * kept  # keep every row's mass on the support
         q_pos = q_pos / q_pos.sum(-1, keepdim=True)  # [K, V]
     if q_kind == "one_hot":
@@ -223,69 +238,119 @@ def _toy(
         )  # [T, K]
         q = q_pos.expand(T, K, V)  # [T, K, V]
     if q_kind == "sparse":
-        ids = torch.cat([support, torch.tensor([1])])  # [M] with one zero-probability pad id
-        q = (ids.expand(T, K, -1), q_pos[:, ids].expand(T, K, -1))  # [T, K, M] twice
-    lens = torch.randint(1, K + 1, (T,), generator=g)  # [T] jagged
-    return p_pos.expand(T, K + 1, V), q, draft_ids, lens
+        pad = q_pos.argmin(-1, keepdim=True)  # [K, 1] a zero-probability id, as senders pad
+        ids = torch.cat([support, pad], dim=1)  # [K, M]
+        q = (ids.expand(T, K, -1), q_pos.gather(1, ids).expand(T, K, -1))  # [T, K, M] twice
+    lens = torch.multinomial(torch.tensor(LEN_WEIGHTS), T, replacement=True, generator=g)  # [T]
+    return Toy(p_pos.expand(T, K + 1, V), q, q_logits, draft_ids, lens)
 
 
-def _max_excess_tv(out: VerifyResult, p: Tensor) -> float:
-    """Largest (TV distance - bound) over emitted positions with enough samples."""
-    worst = float("-inf")
-    for i in range(p.shape[1]):
-        emitted = out.num_accepted >= i  # [T] rows that emit a token at position i
-        n = int(emitted.sum())
-        if n < 2_000:
-            continue
-        empirical = torch.bincount(out.tokens[emitted, i], minlength=p.shape[2]) / n  # [V]
-        tv = 0.5 * (empirical - p[0, i]).abs().sum().item()
-        worst = max(worst, tv - 1.5 * (p.shape[2] / n) ** 0.5)
-    return worst
+def _cells(out: VerifyResult, toy: Toy) -> dict[str, ChiSquare]:
+    """One chi-square test per cell: every token emitted at position i, and the bonus tokens at i."""
+    K = toy.draft_ids.shape[1]
+    masks = {f"pos{i}": out.num_accepted >= i for i in range(K + 1)}  # [T] rows emitting at i
+    masks |= {f"bonus{i}": (toy.lens == i) & (out.num_accepted == i) for i in range(1, K + 1)}
+    alpha = ALPHA / len(masks)
+    cells = {}
+    for name, rows in masks.items():
+        i = int(name[-1])
+        counts = torch.bincount(out.tokens[rows, i], minlength=toy.p.shape[2])  # [V]
+        cells[name] = chi_square_fit(counts, toy.p[0, i], alpha)
+    return cells
 
 
-Verifier = Callable[[Tensor, Tensor, Tensor, DraftQ, Tensor, Tensor], VerifyResult]
+Verifier = Callable[[Toy, Tensor, Tensor], VerifyResult]  # (toy, u_accept [T, K], u_sample [T])
 
 
-def _run(
-    verify: Verifier, setting: tuple[float, int, float], q_kind: str, seed: int
-) -> tuple[VerifyResult, Tensor]:
-    p, q, draft_ids, lens = _toy(setting, q_kind, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    u = torch.rand(TRIALS, K_STAT + 1, generator=g)  # [T, K+1]
-    return verify(draft_ids, lens, p, q, u[:, :K_STAT], u[:, K_STAT]), p
+def _run(verify: Verifier, setting: Setting, q_kind: str, seed: int) -> dict[str, ChiSquare]:
+    toy = _toy(setting, q_kind, seed)
+    u = torch.rand(TRIALS, K_STAT + 1, generator=torch.Generator().manual_seed(seed + 1))  # [T, K+1]
+    return _cells(verify(toy, u[:, :K_STAT], u[:, K_STAT]), toy)
+
+
+def _real(toy: Toy, ua: Tensor, us: Tensor) -> VerifyResult:
+    return verify_sampling(toy.draft_ids, toy.lens, toy.p, toy.q, ua, us)
 
 
 @pytest.mark.parametrize("q_kind", ["dense", "sparse", "one_hot"])
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_emitted_tokens_follow_the_target(setting: tuple[float, int, float], q_kind: str) -> None:
-    out, p = _run(verify_sampling, setting, q_kind, seed=11)
-    assert out.tokens[:, 0].ge(0).all()
-    assert _max_excess_tv(out, p) <= 0
+def test_emitted_tokens_follow_the_target(setting: Setting, q_kind: str) -> None:
+    cells = _run(_real, setting, q_kind, seed=11)
+    for name, c in cells.items():
+        assert c.n >= 10_000 or c.dof == 0, f"{name}: only {c.n} samples"
+        assert c.passed, f"{name}: chi-square {c.statistic:.1f} > {c.threshold:.1f} (dof {c.dof})"
 
 
-def _verify_sampling_seed_bug(
-    draft_ids: Tensor, draft_lens: Tensor, p: Tensor, q: DraftQ, ua: Tensor, us: Tensor
-) -> VerifyResult:
-    """Negative control: the seed's residual max(0, p - q_j(x_j)) on every entry."""
-    B, K = draft_ids.shape
-    x = draft_ids
+# --- negative controls: planted broken verifiers the same test must catch.
+
+
+def _broken(toy: Toy, ua: Tensor, us: Tensor, residual_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+            bonus_of: Callable[[Tensor, Tensor], Tensor] | None = None) -> VerifyResult:  # fmt: skip
+    """verify_sampling with its residual (p_j [B, V], q_j [B, V], q_j(x_j) [B, 1] -> [B, V]) or
+    its bonus distribution (p_j, q_j -> [B, V]) replaced."""
+    x, lens, p, q = toy.draft_ids, toy.lens, toy.p, toy.q
+    B, K = x.shape
     p_x = p[:, :K].gather(2, x[..., None]).squeeze(2)  # [B, K]
-    q_x = _q_of_drafts(q, x)  # [B, K]
-    n = _accepted_prefix(ua * q_x < p_x, draft_lens)  # [B]
+    n = _accepted_prefix(ua * _q_of_drafts(q, x) < p_x, lens)  # [B]
     rows = torch.arange(B)
-    p_j = p[rows, n]  # [B, V]
-    q_at_draft = _q_at(q, x, n.clamp(max=K - 1), p.shape[2]).gather(
-        1, x[rows, n.clamp(max=K - 1)][:, None]
-    )
-    residual = (p_j - q_at_draft).clamp(min=0)  # [B, V] the bug: a scalar, not the q_j vector
-    usable = (n < draft_lens) & (residual.sum(1) > 0)
-    return _emit(draft_ids, n, sample_from_probs(torch.where(usable[:, None], residual, p_j), us))
+    j = n.clamp(max=K - 1)  # [B]
+    p_j, q_j = p[rows, n], _q_at(q, x, j, p.shape[2])  # [B, V] twice
+    residual = residual_of(p_j, q_j, q_j.gather(1, x[rows, j][:, None])).clamp(min=0)  # [B, V]
+    usable = (n < lens) & (residual.sum(1) > 0)  # [B]
+    bonus = bonus_of(p_j, q_j) if bonus_of is not None else p_j  # [B, V]
+    dist = torch.where(usable[:, None], residual, torch.where((n < lens)[:, None], p_j, bonus))  # [B, V]
+    return _emit(x, n, sample_from_probs(dist, us))
 
 
-@pytest.mark.parametrize("q_kind", ["dense", "sparse", "one_hot"])
-@pytest.mark.parametrize("setting", [SETTINGS[0], SETTINGS[2], SETTINGS[3]])
-def test_statistical_check_catches_the_seed_residual_bug(
-    setting: tuple[float, int, float], q_kind: str
+def _seed_residual(toy: Toy, ua: Tensor, us: Tensor) -> VerifyResult:
+    """The seeds' bug: max(0, p - q_j(x_j)), a scalar where the q_j vector belongs."""
+    return _broken(toy, ua, us, lambda p, q, q_x: p - q_x)
+
+
+def _residual_09(toy: Toy, ua: Tensor, us: Tensor) -> VerifyResult:
+    """max(0, p - 0.9 q): a small error (0.006-0.012 TV), the kind a loose test lets through."""
+    return _broken(toy, ua, us, lambda p, q, q_x: p - 0.9 * q)
+
+
+def _bonus_from_q(toy: Toy, ua: Tensor, us: Tensor) -> VerifyResult:
+    """The bonus drawn from the draft's q at that position instead of the target's p."""
+    return _broken(toy, ua, us, lambda p, q, q_x: p - q, bonus_of=lambda p, q: q)
+
+
+def _wrong_q(setting: Setting) -> Verifier:
+    """The verifier is told a q with only part of the request's transforms (the drafts came from
+    the fully transformed one): the transform was applied to p only."""
+
+    def verify(toy: Toy, ua: Tensor, us: Tensor) -> VerifyResult:
+        q = logits_to_probs(toy.q_logits, *setting).expand_as(toy.p[:, 1:])  # [T, K, V]
+        return verify_sampling(toy.draft_ids, toy.lens, toy.p, q, ua, us)
+
+    return verify
+
+
+CONTROLS: list[tuple[str, Verifier, Setting, list[str]]] = [
+    ("seed residual", _seed_residual, SETTINGS[0], ["dense", "sparse", "one_hot"]),
+    ("seed residual", _seed_residual, SETTINGS[3], ["dense", "sparse", "one_hot"]),
+    # (with a one-hot q, 0.9q only differs where p(x) > 0.9: no bias to find)
+    ("max(0, p - 0.9q)", _residual_09, SETTINGS[0], ["dense", "sparse"]),
+    ("max(0, p - 0.9q)", _residual_09, SETTINGS[2], ["dense", "sparse"]),
+    ("bonus from q", _bonus_from_q, SETTINGS[0], ["dense", "sparse", "one_hot"]),
+    ("bonus from q", _bonus_from_q, SETTINGS[4], ["dense", "sparse", "one_hot"]),
+    ("top-p on p only", _wrong_q((1.0, 0, 1.0)), (1.0, 0, 0.8), ["dense"]),
+    ("temperature on p only", _wrong_q((1.0, 0, 1.0)), (0.6, 0, 1.0), ["dense"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "verify", "setting", "q_kind"),
+    [(n, v, s, k) for n, v, s, kinds in CONTROLS for k in kinds],
+    ids=lambda x: x.replace(" ", "_") if isinstance(x, str) else None,
+)
+def test_the_statistical_test_catches_each_planted_verifier_bug(
+    name: str, verify: Verifier, setting: Setting, q_kind: str
 ) -> None:
-    out, p = _run(_verify_sampling_seed_bug, setting, q_kind, seed=11)
-    assert _max_excess_tv(out, p) > 0
+    cells = _run(verify, setting, q_kind, seed=11)
+    worst = max(cells, key=lambda c: cells[c].ratio)
+    assert cells[worst].ratio >= MARGIN, (
+        f"{name}: worst cell {worst} is only {cells[worst].ratio:.2f}x its threshold"
+    )
