@@ -75,6 +75,7 @@ class SpecStats:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     approximate: bool = False  # some round was verified by an approximation (openai+http sampling)
+    sampled_rounds: int = 0  # rounds whose drafts came with a sampled q (verified by rejection sampling)
 
     @property
     def acceptance_rate(self) -> float:
@@ -106,6 +107,7 @@ class SpecStats:
         self.draft_time_s += other.draft_time_s
         self.verify_time_s += other.verify_time_s
         self.approximate |= other.approximate
+        self.sampled_rounds += other.sampled_rounds
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -240,13 +240,14 @@ class Engine(Frontend):
                 r.synced = n
         with self._lock:
             rows = zip(batch, res.drafted, res.accepted, res.emitted, res.draft_failed, res.approximate, res.errors,
-                       strict=True)  # fmt: skip
-            for r, k, a, kept, failed, approx, error in rows:
+                       res.sampled, strict=True)  # fmt: skip
+            for r, k, a, kept, failed, approx, error, sampled in rows:
                 if error is not None:
                     continue  # the request ends with the target's error below
                 # Emitted = what the request kept: a stop string or max tokens may cut the block short.
                 r.seq.stats.record_round(k, a, len(kept))
                 r.seq.stats.approximate |= approx
+                r.seq.stats.sampled_rounds += sampled
                 r.seq.stats.draft_time_s += res.draft_s  # each request waits the whole round
                 r.seq.stats.verify_time_s += res.forward_s
                 self.stats.record_round(k, a, len(kept))

@@ -42,6 +42,7 @@ class StepResult:
     draft_failed: list[bool]  # per sequence, the drafter raised or returned an invalid draft
     errors: list[str | None]  # per sequence, the target's error (that request ends), else None
     approximate: list[bool]  # per sequence, verified by an approximation the route allowed
+    sampled: list[bool]  # per sequence, its drafts came with a sampled q (rejection sampling, not matching)
 
 
 def speculative_step(
@@ -66,6 +67,7 @@ def speculative_step(
     return StepResult(
         emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
         [r.error for r in done], [r.approximate for r in done],
+        [bool(d.token_ids) and d.q is not None and not s.params.greedy for s, d in zip(seqs, drafts, strict=True)],
     )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from draftgate.errors import BadRequestError, CapacityError
 from draftgate.server.routes import Backend
 from draftgate.types import SamplingParams
 
-__all__ = ["LosslessResult", "rerun_plain", "first_difference"]
+__all__ = ["LosslessResult", "rerun_plain", "first_difference", "collect"]
 
 IDLE_WAIT_S = 30.0  # the most a check waits for the back end's queue to empty
 RUN_TIMEOUT_S = 120.0
@@ -46,23 +46,35 @@ def rerun_plain(
         if time.monotonic() > deadline:
             return None
         time.sleep(0.01)
-    out: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
     try:
-        cancel = backend.submit(list(prompt_ids), params, out.put, speculate=False)
-    except (BadRequestError, CapacityError, ValueError):
+        tokens, last = collect(backend, prompt_ids, params, speculate=False)
+    except (BadRequestError, CapacityError, ValueError, TimeoutError):
         return None
+    if last.finish_reason not in ("stop", "length"):
+        return None
+    return LosslessResult(request_id, first_difference(expected, tokens))
+
+
+def collect(
+    backend: Backend, prompt_ids: list[int], params: SamplingParams, speculate: bool, timeout_s: float = RUN_TIMEOUT_S
+) -> tuple[list[int], Chunk]:
+    """Run one request to its end: (every token, the final chunk with finish reason and stats).
+
+    Raises what ``submit`` raises (bad request, capacity) and TimeoutError when a chunk takes
+    longer than ``timeout_s``; the request is cancelled on the way out either way.
+    """
+    out: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+    cancel = backend.submit(list(prompt_ids), params, out.put, speculate=speculate)
     backend.start()
     tokens: list[int] = []
     try:
         while True:
-            c = out.get(timeout=RUN_TIMEOUT_S)
+            try:
+                c = out.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no output from the back end for {timeout_s:.0f} s") from None
             tokens.extend(c.token_ids)
             if c.finish_reason is not None:
-                break
-    except queue.Empty:
-        return None
+                return tokens, c
     finally:
         cancel()
-    if c.finish_reason not in ("stop", "length"):
-        return None
-    return LosslessResult(request_id, first_difference(expected, tokens))
