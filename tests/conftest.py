@@ -81,6 +81,28 @@ def tiny_model(tiny_model_dir: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def tiny_draft_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A draft for the tiny model: its weights plus noise (same tokenizer; agrees often, not always)."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-draft")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.ndim == 2:
+                p.add_(torch.randn(p.shape, generator=g) * 0.08)
+    hf.save_pretrained(folder, safe_serialization=True)
+    write_tiny_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_draft_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_draft_dir))
+
+
+@pytest.fixture(scope="session")
 def real_model() -> LoadedModel:
     return load_model("smollm2-135m", cache_dir=REPO / ".cache" / "models")
 

@@ -217,3 +217,29 @@ def test_an_ambiguous_server_token_ends_the_request_clearly_never_a_guess(tiny_m
         assert toks + list(c.token_ids) == server.greedy(ids, 5)  # exact up to the ambiguous token
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("allow_approximate", [False, True])
+def test_check_lossless_over_openai_http(tiny_model: LoadedModel, allow_approximate: bool) -> None:
+    """Greedy through the scorer is exact; sampling is refused (skipped, with the reason) or, when the
+    route allows the approximation, reported as not lossless."""
+    from draftgate.bench.check_lossless import CheckConfig, CheckPrompt, check_lossless, render
+
+    server = RuleServer(tiny_model)
+    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, HalfRightDrafter(server), k=4,
+                             client=httpx.Client(transport=httpx.MockTransport(server)),
+                             allow_approximate=allow_approximate)  # fmt: skip
+    try:
+        cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False))
+                 for i, p in enumerate(["a b c a b c a b", "hello world the"])]  # fmt: skip
+        report = check_lossless(eng, "openai", cases, CheckConfig(max_new_tokens=16, samples=20, sample_tokens=2))
+        greedy = [f for f in report.findings if f.check == "greedy"]
+        assert len(greedy) == 2 and all(f.passed for f in greedy), render(report)
+        sampling = [f for f in report.findings if f.check != "greedy"]
+        if allow_approximate:
+            assert not report.passed and "approximately: not lossless" in (report.first_failure.detail or "")  # type: ignore[union-attr]
+        else:
+            assert report.passed and len(sampling) == 1 and sampling[0].skipped
+            assert "refuses sampling" in render(report)
+    finally:
+        eng.shutdown()

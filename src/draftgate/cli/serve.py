@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftgate.cli.common import add_engine_args, engine_config, port_arg
 
-__all__ = ["register", "run", "KEYS_ENV"]
+__all__ = ["register", "run", "KEYS_ENV", "add_route_args", "route_specs"]
 
 KEYS_ENV = "DRAFTGATE_API_KEYS"
 
@@ -38,6 +38,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--served-model-name", default=None, metavar="NAME", help="model name clients send (default: --model)"
     )
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_route_args(p)
+    o = p.add_argument_group("operating (admin API at /admin; needs --admin-key-file)")
+    o.add_argument(
+        "--canary-margin",
+        type=float,
+        default=0.05,
+        help="roll speculation back when its canary arm is this much worse (default: %(default)s)",
+    )
+    o.add_argument(
+        "--canary-min-samples", type=int, default=20, help="requests per canary arm before a verdict (default: %(default)s)"
+    )
+    o.add_argument(
+        "--lossless-fraction",
+        type=float,
+        default=0.0,
+        help="share of greedy speculative requests re-run plainly and compared token for token (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+
+
+def add_route_args(p: argparse.ArgumentParser) -> None:
+    """Model, drafter (built-in or remote) and target of the one route the flags describe."""
     add_engine_args(p)
     drafter = p._option_string_actions["--drafter"]
     drafter.choices = None  # also URLs: checked by _drafter_arg
@@ -64,23 +86,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="openai+http targets: serve sampling requests approximately (marked in responses and metrics)",
     )
-    o = p.add_argument_group("operating (admin API at /admin; needs --admin-key-file)")
-    o.add_argument(
-        "--canary-margin",
-        type=float,
-        default=0.05,
-        help="roll speculation back when its canary arm is this much worse (default: %(default)s)",
-    )
-    o.add_argument(
-        "--canary-min-samples", type=int, default=20, help="requests per canary arm before a verdict (default: %(default)s)"
-    )
-    o.add_argument(
-        "--lossless-fraction",
-        type=float,
-        default=0.0,
-        help="share of greedy speculative requests re-run plainly and compared token for token (default: %(default)s)",
-    )
-    p.set_defaults(func=run)
 
 
 def _drafter_arg(v: str) -> str:
@@ -101,6 +106,17 @@ def _target_arg(v: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return v
+
+
+def route_specs(a: argparse.Namespace):  # -> list[RouteSpec]
+    """The routes of --routes FILE (flags give the defaults), else the one route the flags describe."""
+    from draftgate.server.routes_file import load_routes_file
+
+    if a.routes is None:
+        return [route_from_flags(a)]
+    dspec = _drafter_spec(a)
+    base = engine_config(_with_drafter(a, "none" if dspec.remote else a.drafter))
+    return load_routes_file(a.routes, base, default_drafter=a.drafter, default_target=a.target)
 
 
 def route_from_flags(a: argparse.Namespace):  # -> RouteSpec
@@ -173,19 +189,14 @@ def run(a: argparse.Namespace) -> int:
 
     from draftgate.server import create_app
     from draftgate.server.ops import CanaryConfig, OpsConfig
-    from draftgate.server.routes_file import build_route_table, load_routes_file
+    from draftgate.server.routes_file import build_route_table
 
     auth = auth_config(a)
     ops = OpsConfig(
         canary=CanaryConfig(margin=a.canary_margin, min_samples=a.canary_min_samples),
         lossless_fraction=a.lossless_fraction,
     ).validate()
-    if a.routes is not None:
-        dspec = _drafter_spec(a)
-        base = engine_config(_with_drafter(a, "none" if dspec.remote else a.drafter))
-        specs = load_routes_file(a.routes, base, default_drafter=a.drafter, default_target=a.target)
-    else:
-        specs = [route_from_flags(a)]
+    specs = route_specs(a)
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     print(f"draftgate: loading {len(specs)} route(s): {', '.join(s.name for s in specs)}", file=sys.stderr)
     routes = build_route_table(specs)

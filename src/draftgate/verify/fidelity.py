@@ -8,8 +8,8 @@ Two questions, both at a fixed significance level alpha:
   (``check-lossless`` end to end: speculative vs plain sampling through a back end whose p we
   cannot see).
 
-Bins whose expected count is below ``MIN_EXPECTED`` are pooled into one, as the test's
-asymptotics need; a test with fewer than two bins left has nothing to say and passes with
+Tokens whose expected count is below ``MIN_EXPECTED`` share bins (the least likely pooled
+together until each bin holds that much), as the test's asymptotics need; a test with fewer than two bins left has nothing to say and passes with
 dof 0. Pure math on counts: no model, no randomness.
 """
 
@@ -67,11 +67,28 @@ def _result(stat: float, dof: int, alpha: float, n: int) -> ChiSquare:
 
 
 def _pool(expected: Tensor) -> Tensor:
-    """Bin index per entry [V]: bins with enough expected mass keep their own, the rest share one."""
-    big = expected >= MIN_EXPECTED  # [V]
-    idx = torch.cumsum(big.long(), 0) - 1  # [V]
-    pooled = int(big.sum())
-    return torch.where(big, idx, pooled)  # [V]
+    """Bin index per entry [V]: from the most expected down, entries share a bin until it holds
+    ``MIN_EXPECTED``; a short tail joins the last bin. Entries with nothing expected get -1."""
+    order = expected.argsort(descending=True).tolist()
+    bins = torch.full_like(expected, -1, dtype=torch.long)  # [V]
+    b, mass = 0, 0.0
+    for i in order:
+        e = float(expected[i])
+        if e <= 0:
+            break
+        bins[i] = b
+        mass += e
+        if mass >= MIN_EXPECTED:
+            b, mass = b + 1, 0.0
+    if 0 < mass < MIN_EXPECTED and b > 0:  # the tail is short: fold it into the bin before
+        bins[bins == b] = b - 1
+    return bins  # [V]
+
+
+def _binned(values: Tensor, bins: Tensor) -> Tensor:
+    nb = int(bins.max()) + 1 if bins.numel() else 0
+    keep = bins >= 0
+    return torch.zeros(max(nb, 0), dtype=torch.float64).index_add_(0, bins[keep], values[keep])  # [nb]
 
 
 def chi_square_fit(counts: Tensor, p: Tensor, alpha: float) -> ChiSquare:
@@ -85,12 +102,9 @@ def chi_square_fit(counts: Tensor, p: Tensor, alpha: float) -> ChiSquare:
         return ChiSquare(float("inf"), 1, chi_square_threshold(1, alpha), 0.0, n)
     expected = n * p  # [V]
     bins = _pool(expected)
-    nb = int(bins.max()) + 1
-    e = torch.zeros(nb, dtype=torch.float64).index_add_(0, bins, expected)  # [nb]
-    o = torch.zeros(nb, dtype=torch.float64).index_add_(0, bins, counts)  # [nb]
-    keep = e > 0
-    stat = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
-    return _result(stat, int(keep.sum()) - 1, alpha, n)
+    e, o = _binned(expected, bins), _binned(counts, bins)  # [nb] twice
+    stat = float(((o - e) ** 2 / e).sum())
+    return _result(stat, e.numel() - 1, alpha, n)
 
 
 def chi_square_homogeneity(counts_a: Tensor, counts_b: Tensor, alpha: float) -> ChiSquare:
@@ -102,12 +116,8 @@ def chi_square_homogeneity(counts_a: Tensor, counts_b: Tensor, alpha: float) -> 
         return _result(0.0, 0, alpha, n)
     total = a + b  # [V]
     bins = _pool(total * min(na, nb_) / n)  # pool by the smaller sample's expected count
-    k = int(bins.max()) + 1
-    oa = torch.zeros(k, dtype=torch.float64).index_add_(0, bins, a)  # [k]
-    ob = torch.zeros(k, dtype=torch.float64).index_add_(0, bins, b)  # [k]
+    oa, ob = _binned(a, bins), _binned(b, bins)  # [k] twice
     t = oa + ob
-    keep = t > 0
-    oa, ob, t = oa[keep], ob[keep], t[keep]
     ea, eb = t * na / n, t * nb_ / n
     stat = float(((oa - ea) ** 2 / ea).sum() + ((ob - eb) ** 2 / eb).sum())
-    return _result(stat, int(keep.sum()) - 1, alpha, n)
+    return _result(stat, t.numel() - 1, alpha, n)

@@ -1,0 +1,62 @@
+"""`check-lossless` over the split deployment: a gRPC target worker and an HTTP draft worker on loopback.
+
+The draft worker serves a sampled model draft (sparse q) or an n-gram drafter; the target
+worker verifies. Every check must pass, and each worker must end with no session and no KV
+block held. (openai+http is checked in test_openai_target_mock.py; the embedded engine and the
+planted broken verifiers in tests/bench/test_check_lossless.py.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from gateway_support import serve_app
+
+from draftgate.bench.check_lossless import CheckConfig, CheckPrompt, check_lossless, render
+from draftgate.drafters import NgramDrafter
+from draftgate.drafters.http import HttpDrafter
+from draftgate.drafters.model import ModelDrafter
+from draftgate.engine.session_host import SessionHost
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ModelRunner
+from draftgate.server.rpc.client import RemoteTargetEngine
+from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
+from draftgate.server.rpc.target_server import TargetWorkerServer
+
+PROMPTS = ["a b c a b c a b", "hello world the hello world"]
+
+
+@pytest.fixture(scope="module")
+def target_worker(tiny_model: LoadedModel) -> Iterator[TargetWorkerServer]:
+    worker = TargetWorkerServer(SessionHost(ModelRunner(tiny_model, num_blocks=512, block_size=8), "tiny")).start()
+    yield worker
+    worker.stop(grace=0)
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_check_lossless_over_grpc_and_an_http_draft_worker(
+    tiny_model: LoadedModel, tiny_draft: LoadedModel, target_worker: TargetWorkerServer, draft: str
+) -> None:
+    if draft == "model":
+        drafter = ModelDrafter(ModelRunner(tiny_draft, num_blocks=256, block_size=8), q_top_n=24)
+    else:
+        drafter = NgramDrafter()
+    service = DraftService(drafter, max_sessions=16, vocab_size=tiny_model.config.vocab_size)
+    with serve_app(create_draft_app(service)) as url:
+        engine = RemoteTargetEngine([target_worker.target], tiny_model.tokenizer, HttpDrafter(url, timeout_s=5.0), k=4)
+        try:
+            cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False)) for i, p in enumerate(PROMPTS)]
+            cfg = CheckConfig(max_new_tokens=20, seeds=(5, 6), samples=80, sample_tokens=3, ignore_eos=True, concurrency=4)
+            report = check_lossless(engine, f"grpc + http {draft}", cases, cfg)
+            assert report.passed, render(report)
+            assert {f.check for f in report.findings} == {"greedy", "seeded", "distribution"}
+            assert engine.stats.draft_tokens > 0  # the draft worker did propose
+        finally:
+            engine.shutdown()
+    deadline = time.monotonic() + 10
+    while target_worker.host.open_sessions:
+        assert time.monotonic() < deadline, "the target worker kept sessions open"
+        time.sleep(0.01)
+    target_worker.host.runner.kv.check_no_leaks()
