@@ -52,7 +52,7 @@ def engine_with(tiny_model: LoadedModel, tiny_draft_dir: Path) -> Iterator:  # t
 @pytest.mark.parametrize(
     ("drafter", "k"),
     [(DrafterKind.NGRAM, 4), (DrafterKind.NGRAM, None), (DrafterKind.SUFFIX, None), (DrafterKind.AUTO, None),
-     (DrafterKind.MODEL, 4), (DrafterKind.NONE, None)],
+     (DrafterKind.MODEL, 4), (DrafterKind.MODEL, None), (DrafterKind.NONE, None)],
 )  # fmt: skip
 def test_every_drafter_passes(engine_with, drafter: DrafterKind, k: int | None) -> None:  # type: ignore[no-untyped-def]
     engine = engine_with(drafter, k)

@@ -15,6 +15,7 @@ class CountingDrafter:
     """A deterministic model-drafter stand-in: always proposes k copies of token 7."""
 
     name = "counting"
+    sampled_q = False
 
     def __init__(self) -> None:
         self.calls: list[int] = []

@@ -415,6 +415,28 @@ def test_tiny_seeds_reproducible_and_distinct(make_tiny: Callable[..., Engine]) 
     assert len(unseeded) >= 2
 
 
+@pytest.mark.parametrize("k", [4, None])
+def test_a_sampled_model_draft_gives_a_seed_the_same_tokens_alone_or_in_a_batch(
+    make_tiny: Callable[..., Engine], tiny_draft_dir: object, k: int | None
+) -> None:
+    """With a sampled q, which positions get drafted changes the tokens; adaptive K must not
+    follow the clock or the batch for a seeded request (it did: 2 of 24 seeded runs differed)."""
+    eng = make_tiny(DrafterKind.MODEL, k, draft_model=str(tiny_draft_dir), max_batch=8)
+    eng.start()
+    prompts = _tiny_prompts(6, seed=5)
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i, max_new_tokens=40, ignore_eos=True)
+              for i in range(6)]  # fmt: skip
+    alone = [eng.complete(ids, p).token_ids for ids, p in zip(prompts, params, strict=True)]
+    assert [eng.complete(prompts[0], params[0]).token_ids] == alone[:1]  # twice: the same
+    results = [Result() for _ in prompts]
+    for ids, p, r in zip(prompts, params, results, strict=True):
+        eng.submit(ids, p, r)
+    for r in results:
+        assert r.done.wait(WAIT_S)
+    assert [r.token_ids for r in results] == alone
+    assert eng.stats.draft_tokens > 0
+
+
 def test_plain_engine_matches_a_naive_decode_loop(
     make_tiny: Callable[..., Engine], tiny_model: LoadedModel
 ) -> None:
@@ -446,6 +468,7 @@ class OracleDrafter:
     """
 
     name = "oracle"
+    sampled_q = False
 
     def __init__(self, refs: Sequence[list[int]], noise: float = 0.0, seed: int = 0) -> None:
         self.refs = [list(r) for r in refs]
@@ -492,6 +515,7 @@ class EveryOtherDrafter(OracleDrafter):
     """The oracle, but it proposes nothing on every other call (as after a plain round)."""
 
     name = "every-other"
+    sampled_q = False
 
     def __init__(self, refs: Sequence[list[int]]) -> None:
         super().__init__(refs)

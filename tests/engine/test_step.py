@@ -117,6 +117,7 @@ class SampledDrafter:
     """Drafts k tokens, token i drawn from q_i, and returns that q (dense or sparse)."""
 
     name = "sampled"
+    sampled_q = True
 
     def __init__(self, q: Tensor | SparseQ, seed: int) -> None:
         self.q = q
@@ -182,6 +183,7 @@ class FixedDrafter:
     """Proposes given drafts per seq_id; records what it was asked."""
 
     name = "fixed"
+    sampled_q = False
 
     def __init__(self, drafts: dict[int, Draft]) -> None:
         self.drafts = drafts

@@ -15,6 +15,7 @@ class GarbageDrafter:
     """Proposes k copies of a token and sleeps: acceptance ~0 and every round pays a draft."""
 
     name = "garbage"
+    sampled_q = False
 
     def __init__(self, token: int = 95, sleep_s: float = 0.004) -> None:
         self.token, self.sleep_s = token, sleep_s

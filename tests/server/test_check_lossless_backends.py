@@ -35,9 +35,9 @@ def target_worker(tiny_model: LoadedModel) -> Iterator[TargetWorkerServer]:
     worker.stop(grace=0)
 
 
-@pytest.mark.parametrize("draft", ["model", "ngram"])
+@pytest.mark.parametrize(("draft", "k"), [("model", 4), ("model", None), ("ngram", None)])
 def test_check_lossless_over_grpc_and_an_http_draft_worker(
-    tiny_model: LoadedModel, tiny_draft: LoadedModel, target_worker: TargetWorkerServer, draft: str
+    tiny_model: LoadedModel, tiny_draft: LoadedModel, target_worker: TargetWorkerServer, draft: str, k: int | None
 ) -> None:
     if draft == "model":
         drafter = ModelDrafter(ModelRunner(tiny_draft, num_blocks=256, block_size=8), q_top_n=24)
@@ -45,7 +45,7 @@ def test_check_lossless_over_grpc_and_an_http_draft_worker(
         drafter = NgramDrafter()
     service = DraftService(drafter, max_sessions=16, vocab_size=tiny_model.config.vocab_size)
     with serve_app(create_draft_app(service)) as url:
-        engine = RemoteTargetEngine([target_worker.target], tiny_model.tokenizer, HttpDrafter(url, timeout_s=5.0), k=4)
+        engine = RemoteTargetEngine([target_worker.target], tiny_model.tokenizer, HttpDrafter(url, timeout_s=5.0), k=k)
         try:
             cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False)) for i, p in enumerate(PROMPTS)]
             cfg = CheckConfig(max_new_tokens=20, seeds=(5, 6), samples=80, sample_tokens=3, ignore_eos=True, concurrency=4)

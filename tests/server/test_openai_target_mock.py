@@ -73,6 +73,7 @@ class HalfRightDrafter:
     """Proposes the rule's true next tokens, then a wrong one: exercises accept + reject in one round."""
 
     name = "halfright"
+    sampled_q = False
 
     def __init__(self, server: RuleServer) -> None:
         self.server = server

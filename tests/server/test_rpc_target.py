@@ -138,6 +138,7 @@ class DyadicDrafter:
     """
 
     name = "dyadic"
+    sampled_q = True
     PROBS = torch.tensor([0.5, 0.25, 0.125, 0.125])
 
     def __init__(self, V: int) -> None:

@@ -55,6 +55,7 @@ class AutoDrafter:
         self._suffix = SuffixDrafter()
         self._ngram = NgramDrafter(min_n=2)  # unigram matches are noise outside copied text
         self._model = model
+        self.sampled_q = model is not None and model.sampled_q
         self._min_lookup = min_lookup
         self._min_rate = min_model_rate
         self._use: dict[int, _ModelUse] = {}

@@ -46,6 +46,10 @@ class Draft:
 @runtime_checkable
 class Drafter(Protocol):
     name: str
+    # Whether drafts for sampling requests may carry a sampled q (verified by rejection sampling).
+    # The engine then keeps a seeded request's K schedule independent of clocks and batches: with a
+    # sampled q, which positions are drafted changes the tokens. False: one-hot drafts only.
+    sampled_q: bool
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One Draft per request, in order."""

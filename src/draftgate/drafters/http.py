@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT_S = 0.05
 
 class HttpDrafter:
     name = "http"
+    sampled_q = True  # the worker may serve a sampled model draft
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> None:
         if not url.startswith(("http://", "https://")):

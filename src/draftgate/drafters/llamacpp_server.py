@@ -38,6 +38,7 @@ DEFAULT_LLAMACPP_TIMEOUT_S = 0.25
 
 class LlamaCppServerDrafter:
     name = "llamacpp"
+    sampled_q = False
 
     def __init__(
         self,

@@ -44,6 +44,8 @@ class ModelDrafter:
     seeded request gives the same drafts (and tokens) every time.
     """
 
+    sampled_q = True
+
     def __init__(self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None) -> None:
         if q_top_n is not None and q_top_n < 1:
             raise ValueError(f"q_top_n must be >= 1, got {q_top_n}")
@@ -156,6 +158,8 @@ class LlamaCppDrafter:
     the fp32 target on 96-99% of greedy tokens. One llama.cpp context per sequence,
     up to ``max_seqs``; sequences beyond that get no drafts (plain decoding).
     """
+
+    sampled_q = False  # greedy drafts only
 
     def __init__(self, gguf_path: str, n_ctx: int = 4096, max_seqs: int = 4, n_threads: int | None = None) -> None:
         try:

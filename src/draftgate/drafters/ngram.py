@@ -57,6 +57,7 @@ class NgramDrafter:
     """Deterministic prompt-lookup drafter; q is one-hot, so drafts carry ids only."""
 
     name = "ngram"
+    sampled_q = False
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         if min_n < 1 or max_n < min_n:

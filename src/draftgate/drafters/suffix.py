@@ -219,6 +219,7 @@ class SuffixDrafter:
     """Deterministic suffix-trie drafter (per request + global); q is one-hot."""
 
     name = "suffix"
+    sampled_q = False
 
     def __init__(
         self, max_depth: int = 24, min_prob: float = 0.1, global_capacity_tokens: int = 200_000

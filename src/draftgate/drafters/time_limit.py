@@ -25,6 +25,7 @@ class TimeLimitedDrafter:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.inner = inner
         self.name = inner.name
+        self.sampled_q = inner.sampled_q
         self.timeout_s = timeout_s
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="draftgate-draft")
 

@@ -48,6 +48,7 @@ class _Req:
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
     drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
     synced: int = 0  # history length when the drafter last saw this request (0: never)
+    seeded: bool = False  # seeded sampling with a drafter that may sample q: K from its own tokens only
 
 
 class Engine(Frontend):
@@ -70,6 +71,12 @@ class Engine(Frontend):
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.cost = CostModel()
+        # Seeded sampling requests on a drafter that may send a sampled q (drafter.sampled_q) price
+        # rounds with the cost prior, never with timings: with a sampled q, which positions are
+        # drafted changes the tokens (a drafted position is verified by rejection, an undrafted one
+        # sampled plainly), so a schedule that followed the clock or the batch would give a seed
+        # different tokens from run to run. Never observed, so fixed.
+        self._prior_cost = CostModel()
         self.acceptance = AcceptancePool(self.k_max)  # new requests start from it
         self.stats = SpecStats(drafter=drafter.name if drafter else "none")
         self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
@@ -120,10 +127,11 @@ class Engine(Frontend):
             prompt=list(prompt_ids), params=params, rand=PositionRandom(gen), stop=StopChecker(self.tokenizer, params)
         )
         seq.stats.drafter = self.stats.drafter
+        seeded = params.seed is not None and not params.greedy and self.drafter is not None and self.drafter.sampled_q
         ctl = None
         if self.drafter is not None and self.k is None and self.k_max > 0:
-            ctl = GoodputController(self.k_max, self.drafter.name, pool=self.acceptance)
-        req = _Req(seq, sink, ctl, IncrementalText(seq.stop), speculate=speculate)
+            ctl = GoodputController(self.k_max, self.drafter.name, pool=None if seeded else self.acceptance)
+        req = _Req(seq, sink, ctl, IncrementalText(seq.stop), speculate=speculate, seeded=seeded)
         self._inbox.put(req)
         self._wake.set()
 
@@ -213,7 +221,12 @@ class Engine(Frontend):
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
         catch_up = 0 if r.drafted_last else len(r.seq.history) - r.synced
-        k = self.k if r.controller is None else r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
+        if r.controller is None:
+            k = self.k
+        elif r.seeded:  # the request's own acceptance and the cost prior: the same seed, the same schedule
+            k = r.controller.choose_k(self._prior_cost, 0, catch_up, remaining)
+        else:
+            k = r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
         return max(0, min(k or 0, remaining - 1, self.k_max))
 
     def _step(self) -> None:
