@@ -410,3 +410,35 @@ def test_score_returns_logprobs_for_the_suffix_only(tiny_model, start_worker) ->
         with pytest.raises(grpc.RpcError) as e:
             pb_grpc.TargetWorkerStub(ch).Score(pb.ScoreRequest(tokens=tokens, validation_offset=50))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("ending", ["length", "abort", "error"])
+def test_a_request_has_released_its_session_when_its_last_chunk_arrives(start_worker, make_remote, ending: str) -> None:  # type: ignore[no-untyped-def]
+    """The flaky "the gateway still counts sessions" (issue 14): the old client delivered the last
+    chunk and counted the request finished, then released its pool session in a ``finally``; a
+    caller that saw the end and looked at the pool raced the release. Every way out now closes the
+    session first, so at the last chunk nothing is counted any more."""
+    worker = start_worker()
+    remote = make_remote([worker], SlowDrafter(0.01), k=2)
+    seen: list[tuple[str | None, int, int]] = []
+    done = threading.Event()
+
+    def sink(c: Chunk) -> None:
+        if c.finish_reason is not None:
+            seen.append((c.finish_reason, sum(w.sessions for w in remote.pool.workers), remote.num_running))
+            done.set()
+
+    params = SamplingParams(max_new_tokens=12 if ending == "length" else 200, ignore_eos=True)
+    cancel = remote.submit(remote.encode(PROMPTS[0]), params, sink)
+    remote.start()
+    if ending != "length":
+        deadline = time.monotonic() + WAIT_S
+        while not worker.host.open_sessions and not done.is_set():  # the session is open, rounds run
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        if ending == "abort":
+            cancel()
+        else:
+            worker.stop(grace=0)
+    assert done.wait(WAIT_S)
+    assert seen == [(ending, 0, 0)]
