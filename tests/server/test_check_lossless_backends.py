@@ -60,3 +60,32 @@ def test_check_lossless_over_grpc_and_an_http_draft_worker(
         assert time.monotonic() < deadline, "the target worker kept sessions open"
         time.sleep(0.01)
     target_worker.host.runner.kv.check_no_leaks()
+
+
+def test_the_gateways_lossless_canary_checks_a_grpc_route(tiny_model: LoadedModel, target_worker: TargetWorkerServer) -> None:
+    """The canary re-runs greedy speculative requests plainly on the same back end: on a gRPC
+    route it used to do nothing (rerun_plain returned None) while the admin API took a fraction."""
+    import httpx
+    from gateway_support import ADMIN_KEY, CLIENT_KEY
+    from ops_support import ADMIN, PROMPT
+
+    from draftgate.server import AuthConfig, Route, RouteTable, create_app
+    from draftgate.server.ops import OpsConfig
+
+    engine = RemoteTargetEngine([target_worker.target], tiny_model.tokenizer, NgramDrafter(), k=4)
+    routes = RouteTable.of([Route("grpc", engine, model="tiny")])
+    auth = AuthConfig(api_keys=frozenset({CLIENT_KEY}), admin_keys=frozenset({ADMIN_KEY}))
+    app = create_app(routes, auth, OpsConfig(seed=0, background_cpu_share=1.0))
+    try:
+        with serve_app(app) as url:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60) as admin:
+                assert admin.post(ADMIN + "/grpc", json={"lossless_fraction": 1.0}).status_code == 200
+            body = {"model": "grpc", "prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60) as c:
+                outs = [c.post("/v1/completions", json=body).json() for _ in range(3)]
+            drafted = sum(o["speculative"]["draft_tokens"] > 0 for o in outs)
+            ops = app.state.ops
+            assert drafted >= 1 and ops.lossless_worker.wait_idle(60)
+            assert ops["grpc"].lossless_checks == drafted and ops["grpc"].lossless_mismatches == 0
+    finally:
+        routes.close()

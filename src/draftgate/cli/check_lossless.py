@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     w = p.add_argument_group("workload")
     w.add_argument("--prompts", type=Path, default=None, help="JSONL with prompt, messages or turns (default: built-in)")
     w.add_argument("--limit", type=int, default=8, help="at most N prompts (default: %(default)s)")
+    w.add_argument("--per-category", type=int, default=None, help="at most N prompts per category (before --limit)")
     w.add_argument("--max-new-tokens", type=int, default=48, help="tokens per greedy/seeded request (default: %(default)s)")
     w.add_argument("--seeds", type=_seeds, default=(1, 2), help="seeds per prompt, comma-separated (default: 1,2)")
     w.add_argument("--temperature", type=float, default=0.8, help="for the sampling checks (default: %(default)s)")
@@ -105,7 +106,7 @@ def run_check_lossless(a: argparse.Namespace) -> int:
         ignore_eos=a.ignore_eos,
     ).validate()  # fmt: skip
     spec = _pick(route_specs(a), a.route)
-    prompts = load_prompts(a.prompts or builtin_prompts_path(), limit=a.limit)
+    prompts = load_prompts(a.prompts or builtin_prompts_path(), limit=a.limit, per_category=a.per_category)
     print(f"draftgate: loading route {spec.name!r}", file=sys.stderr)
     routes = build_route_table([spec])
     try:
