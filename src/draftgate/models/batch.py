@@ -21,6 +21,7 @@ class ForwardOutput:
 
     logits: torch.Tensor  # [R, V] float32
     argmax: torch.Tensor  # [R] int64 greedy choice (first maximum); -1 where a row holds a NaN or an inf
+    features: torch.Tensor | None = None  # [R, len(feature_layers), C] float32 when the batch asked for any
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class RaggedBatch:
     logits_per_seq: list[int]  # [B] each in 1..new_lens[b]
     block_tables: list[list[int]]  # [B][ceil(ctx_lens[b] / block_size)]
     block_size: int
+    # Hidden states to return with the logit rows, computed anyway (draft heads read them): l < L is
+    # the residual stream after layer l, L the final normed hidden (what the LM head reads).
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:

@@ -174,6 +174,7 @@ class LlamaModel:
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self._rope(layout.positions)  # [N, 1, D]
         x = self.embed[tokens]  # [N, C]
+        feats: dict[int, torch.Tensor] = {}  # layer -> [R, C]
         for li, L in enumerate(self.layers):
             h = self._rms(x, L.attn_norm)
             qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
@@ -191,7 +192,12 @@ class LlamaModel:
             gu = L.gate_up(h)  # [N, 2F]
             g, u = gu.chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)
+            if li in batch.feature_layers:
+                feats[li] = x[layout.logit_rows].float()  # [R, C]
         x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
+        if len(self.layers) in batch.feature_layers:
+            feats[len(self.layers)] = x.float()
+        features = torch.stack([feats[l] for l in batch.feature_layers], dim=1) if batch.feature_layers else None  # [R, n, C]
         logits = self.lm_head(x).float()  # [R, V] (or [R, Vs] with a vocabulary subset)
         if self.out_ids is not None:
             full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]
@@ -201,7 +207,7 @@ class LlamaModel:
         else:
             finite = torch.isfinite(logits).all(dim=-1)  # [R]
         argmax = torch.where(finite, logits.argmax(dim=-1), -1)  # [R]
-        return ForwardOutput(logits, argmax)
+        return ForwardOutput(logits, argmax, features)
 
     def _attention(
         self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout

@@ -135,22 +135,26 @@ class NativeLlama:
         R = logit_rows.shape[0]
         logits = torch.empty(R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
         argmax = torch.empty(R, dtype=torch.int64)  # [R]
+        feat_layers = torch.tensor(batch.feature_layers, dtype=torch.int32)  # [n_feat]
+        n_feat = feat_layers.shape[0]
+        features = torch.empty(R, n_feat, self.cfg.hidden_size, dtype=torch.float32) if n_feat else None  # [R, n_feat, C]
         _, slots, Hkv, D = kv.v.shape
         rc = self.lib.cdll.dg_forward(
             self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
             len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
             kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
-            argmax.data_ptr(),
+            argmax.data_ptr(), n_feat, feat_layers.data_ptr() if n_feat else None,
+            features.data_ptr() if features is not None else None,
         )  # fmt: skip
         if rc != 0:
             msg = self.lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native forward failed: {msg}")
         if self.out_ids is None:
-            return ForwardOutput(logits, argmax)
+            return ForwardOutput(logits, argmax, features)
         full = logits.new_full((R, self.cfg.vocab_size), float("-inf"))  # [R, V]
         full[:, self.out_ids] = logits
         ids = torch.where(argmax >= 0, self.out_ids[argmax.clamp(min=0)], -1)  # [R] subset row -> token id
-        return ForwardOutput(full, ids)
+        return ForwardOutput(full, ids, features)
 
 
 def _free(c: ctypes.CDLL, model: int, packed: list[int]) -> None:

@@ -119,9 +119,17 @@ class ModelRunner:
         """
         return list(self.forward_flat(items).logits.split([it.num_logits for it in items]))
 
-    def forward_flat(self, items: Sequence[ForwardItem]) -> ForwardOutput:
-        """``forward`` with the logit rows of all items in one tensor [R, V], in order, and their argmax."""
+    def forward_flat(self, items: Sequence[ForwardItem], feature_layers: Sequence[int] = ()) -> ForwardOutput:
+        """``forward`` with the logit rows of all items in one tensor [R, V], in order, and their argmax.
+
+        ``feature_layers`` (each in 0..L): hidden states of the logit rows returned with them,
+        ``[R, len(feature_layers), C]`` (l < L: the residual stream after layer l; L: the final
+        normed hidden) at no extra forward; empty (the default) is the plain path, unchanged.
+        """
         assert items, "empty forward"
+        L = self.config.num_layers
+        if any(not 0 <= f <= L for f in feature_layers):
+            raise ValueError(f"feature layers must be in [0, {L}], got {list(feature_layers)}")
         reserved: list[tuple[int, int]] = []
         try:
             for it in items:
@@ -137,6 +145,7 @@ class ModelRunner:
                 logits_per_seq=[it.num_logits for it in items],
                 block_tables=[self.kv.block_table(it.seq_id) for it in items],
                 block_size=self.block_size,
+                feature_layers=tuple(feature_layers),
             )
             out = self.model.forward(batch, self.cache)  # type: ignore[arg-type]  # [R, V]
         except BaseException:

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -57,6 +58,9 @@ struct Batch {  // one ragged forward, as the runner describes it
   const int64_t* logit_rows;  // [R]
   float* logits;              // [R, Vout]
   int64_t* argmax;            // [R] first index of each row's maximum; -1 if the row has a NaN or an inf
+  int n_feat;                 // features wanted per logit row (0: none, the plain path)
+  const int32_t* feat_layers; // [n_feat] l < L: the residual stream after layer l; L: the final normed hidden
+  float* features;            // [R, n_feat, C]
 };
 
 // This thread's (max, first index) over columns [c0, c1) of a row, and whether it saw a non-finite value.
@@ -282,6 +286,15 @@ struct PhaseClock {
   }
 };
 
+// Copy this thread's logit rows of `src` ([rows, C], row index given by `row_of`) into feature slot j.
+template <typename RowOf>
+static void copy_features(const Batch& bt, int j, const float* src, int C, RowOf row_of, int tid, int nt) {
+  int ra, rb;
+  rows_of(bt.R, tid, nt, &ra, &rb);
+  for (int r = ra; r < rb; r++)
+    std::memcpy(bt.features + (size_t(r) * bt.n_feat + j) * C, src + size_t(row_of(r)) * C, sizeof(float) * C);
+}
+
 static void forward(const Model& m, const Batch& bt, int B) {
   const int N = bt.N, C = m.C, D = m.D, F = m.F, H = m.H, half = D / 2;
   const int ldq = (m.H + 2 * m.Hkv) * D;
@@ -349,11 +362,16 @@ static void forward(const Model& m, const Batch& bt, int B) {
       gemm(Ly.down, act.data(), N, F, x.data(), C, true, tid, nt);
       B.wait();
       clk.lap(P_DOWN);
+      // x is next written by layer li + 1's o-projection, several barriers from here.
+      for (int j = 0; j < bt.n_feat; j++)
+        if (bt.feat_layers[j] == li) copy_features(bt, j, x.data(), C, [&](int r) { return bt.logit_rows[r]; }, tid, nt);
     }
     int ra, rb;
     rows_of(bt.R, tid, nt, &ra, &rb);
     for (int r = ra; r < rb; r++)
       rmsnorm_row(&x[size_t(bt.logit_rows[r]) * C], m.final_norm, C, m.eps, &hf[size_t(r) * C]);
+    for (int j = 0; j < bt.n_feat; j++)  // this thread's own rows of hf: no barrier needed first
+      if (bt.feat_layers[j] == m.L) copy_features(bt, j, hf.data(), C, [](int r) { return r; }, tid, nt);
     B.wait();
     gemm(m.head, hf.data(), bt.R, C, bt.logits, m.head->N, false, tid, nt);
     B.wait();
@@ -464,15 +482,20 @@ void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
 
 int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq, int B,
                const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
-               int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax) {
+               int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax, int n_feat,
+               const int32_t* feat_layers, float* features) {
   const Model& m = *static_cast<Model*>(mp);
   return guarded([&] {
     for (int i = 0; i < N; i++)
       if (tokens[i] < 0 || tokens[i] >= m.vocab)
         throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
                                 std::to_string(m.vocab) + ")");
-    Batch bt{N,  tokens, positions, row_seq, tables,     table_off, block_size,
-             kc, vc,     layer_stride, R,   logit_rows, logits,    argmax};
+    for (int j = 0; j < n_feat; j++)
+      if (feat_layers[j] < 0 || feat_layers[j] > m.L)
+        throw std::out_of_range("feature layer " + std::to_string(feat_layers[j]) + " is outside [0, " +
+                                std::to_string(m.L) + "]");
+    Batch bt{N,  tokens, positions,    row_seq, tables,     table_off, block_size, kc,          vc,
+             layer_stride, R, logit_rows, logits, argmax, n_feat, feat_layers, features};
     forward(m, bt, B);
   });
 }
