@@ -11,7 +11,6 @@ from draftgate.bench.stats import (
     RequestRecord,
     WindowRecord,
     distribution,
-    first_mismatch,
     group_by,
     itl_from_chunks,
     latency_ratios,
@@ -163,13 +162,6 @@ def test_summarize_group_metrics():
     assert s["mean_accepted_length"] == pytest.approx(22 / 14)
     plain = summarize_group([req(n=3)], [win("a", 0, 1.0, 3)])
     assert plain["acceptance_rate"] is None and plain["mean_accepted_length"] is None
-
-
-def test_first_mismatch():
-    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
-    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
-    assert first_mismatch([1, 2], [1, 2, 3]) == 2
-    assert first_mismatch("abc", "abd") == 2
 
 
 def test_lossless_check_counts_and_locates_mismatches():

@@ -69,6 +69,13 @@ class RuleServer:
         return httpx.Response(200, json=data)
 
 
+def fake_engine(server: RuleServer, drafter: object, **kw: object) -> OpenAITargetEngine:
+    """OpenAITargetEngine over the fake server (k = 4 unless given)."""
+    kw.setdefault("k", 4)
+    client = httpx.Client(transport=httpx.MockTransport(server))
+    return OpenAITargetEngine("http://fake", server.tok, drafter, client=client, **kw)  # type: ignore[arg-type]
+
+
 class HalfRightDrafter:
     """Proposes the rule's true next tokens, then a wrong one: exercises accept + reject in one round."""
 
@@ -110,7 +117,7 @@ def _run(eng: OpenAITargetEngine, ids: list[int], n: int) -> tuple[list[int], ob
 def test_greedy_equals_the_servers_greedy(tiny_model: LoadedModel, drafter: str, chat: bool) -> None:
     server = RuleServer(tiny_model)
     d = {"ngram": NgramDrafter(), "halfright": HalfRightDrafter(server), "none": None}[drafter]
-    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, d, k=4, client=httpx.Client(transport=httpx.MockTransport(server)))
+    eng = fake_engine(server, d)
     try:
         if chat:
             ids = tiny_model.tokenizer.encode_chat([{"role": "user", "content": "hello world the"}])
@@ -127,10 +134,7 @@ def test_greedy_equals_the_servers_greedy(tiny_model: LoadedModel, drafter: str,
 
 def test_approximate_mode_is_flagged(tiny_model: LoadedModel) -> None:
     server = RuleServer(tiny_model)
-    eng = OpenAITargetEngine(
-        "http://fake", tiny_model.tokenizer, NgramDrafter(), k=4, allow_approximate=True,
-        client=httpx.Client(transport=httpx.MockTransport(server)),
-    )  # fmt: skip
+    eng = fake_engine(server, NgramDrafter(), allow_approximate=True)
     try:
         q: queue.SimpleQueue = queue.SimpleQueue()
         ids = tiny_model.tokenizer.encode("a b c a b c a b", add_special=False)
@@ -146,8 +150,7 @@ def test_approximate_mode_is_flagged(tiny_model: LoadedModel) -> None:
 @pytest.mark.parametrize("chat", [False, True])
 def test_server_eos_ends_the_request(tiny_model: LoadedModel, chat: bool) -> None:
     server = RuleServer(tiny_model)
-    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, HalfRightDrafter(server), k=4,
-                             client=httpx.Client(transport=httpx.MockTransport(server)))  # fmt: skip
+    eng = fake_engine(server, HalfRightDrafter(server))
     try:
         if chat:
             ids = tiny_model.tokenizer.encode_chat([{"role": "user", "content": "hello world the"}])
@@ -173,10 +176,7 @@ def test_approximate_requests_are_marked_in_the_response_and_counted_in_metrics(
     from draftgate.server import AuthConfig, Route, RouteTable, create_app
 
     server = RuleServer(tiny_model)
-    eng = OpenAITargetEngine(
-        "http://fake", tiny_model.tokenizer, NgramDrafter(), k=4, allow_approximate=True,
-        client=httpx.Client(transport=httpx.MockTransport(server)),
-    )  # fmt: skip
+    eng = fake_engine(server, NgramDrafter(), allow_approximate=True)
     routes = RouteTable.of([Route("approx", eng, model="tiny")])
     try:
         with serve_app(create_app(routes, AuthConfig(api_keys=frozenset({CLIENT_KEY})))) as url:
@@ -206,8 +206,7 @@ def test_an_ambiguous_server_token_ends_the_request_clearly_never_a_guess(tiny_m
     rule = server.next
     server.next = lambda h: 0 if len(h) == pad_at else rule(h)  # type: ignore[method-assign]
     d = HalfRightDrafter(server) if drafter == "halfright" else None
-    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, d, k=4,
-                             client=httpx.Client(transport=httpx.MockTransport(server)))  # fmt: skip
+    eng = fake_engine(server, d)
     try:
         q: queue.SimpleQueue = queue.SimpleQueue()
         eng.submit(ids, SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True), q.put)
@@ -227,9 +226,7 @@ def test_check_lossless_over_openai_http(tiny_model: LoadedModel, allow_approxim
     from draftgate.bench.check_lossless import CheckConfig, CheckPrompt, check_lossless, render
 
     server = RuleServer(tiny_model)
-    eng = OpenAITargetEngine("http://fake", tiny_model.tokenizer, HalfRightDrafter(server), k=4,
-                             client=httpx.Client(transport=httpx.MockTransport(server)),
-                             allow_approximate=allow_approximate)  # fmt: skip
+    eng = fake_engine(server, HalfRightDrafter(server), allow_approximate=allow_approximate)
     try:
         cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False))
                  for i, p in enumerate(["a b c a b c a b", "hello world the"])]  # fmt: skip

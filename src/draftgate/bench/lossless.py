@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from draftgate.bench.stats import RequestRecord, first_mismatch
+from draftgate.bench.stats import RequestRecord
+from draftgate.engine.compare import first_difference
 
 __all__ = ["lossless_check"]
 
@@ -37,7 +38,7 @@ def lossless_check(requests: Sequence[RequestRecord], baseline: str) -> dict[str
         else:
             x, y, entry["unit"] = b.text, r.text, "char"
         entry["compared"] += 1
-        pos = first_mismatch(x, y)
+        pos = first_difference(x, y)
         if pos is None:
             continue
         entry["mismatches"] += 1

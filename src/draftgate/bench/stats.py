@@ -37,7 +37,6 @@ __all__ = [
     "summarize_group",
     "speedups",
     "latency_ratios",
-    "first_mismatch",
 ]
 
 T = TypeVar("T")
@@ -174,14 +173,6 @@ def speedups(arm: Sequence[WindowRecord], baseline: Sequence[WindowRecord]) -> d
     """Per-run total-throughput ratios arm / baseline, summarized as min / median / max."""
     a, b = _total_tps_per_run(arm), _total_tps_per_run(baseline)
     return ratio_summary([a[r] / b[r] for r in sorted(a) if r in b and b[r] > 0])
-
-
-def first_mismatch(base: Sequence[Any], other: Sequence[Any]) -> int | None:
-    """Index of the first differing element (a length difference counts), or None if equal."""
-    for i, (x, y) in enumerate(zip(base, other, strict=False)):
-        if x != y:
-            return i
-    return None if len(base) == len(other) else min(len(base), len(other))
 
 
 def latency_ratios(

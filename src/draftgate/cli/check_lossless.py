@@ -12,7 +12,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from draftgate.bench.check_lossless import CheckConfig, CheckPrompt, check_lossless, planned_requests, render
+from draftgate.bench.check_lossless import (
+    CheckConfig,
+    CheckPrompt,
+    check_lossless,
+    planned_requests,
+    render,
+)
 from draftgate.bench.prompts import builtin_prompts_path, load_prompts
 from draftgate.cli.serve import add_route_args, route_specs
 

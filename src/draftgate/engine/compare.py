@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from draftgate.engine.frontend import Chunk
 from draftgate.types import SamplingParams
@@ -25,8 +25,9 @@ class Submits(Protocol):
 RUN_TIMEOUT_S = 120.0  # the longest wait for one chunk
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first output position where a and b differ (a length difference counts); None: identical."""
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first position where a and b differ (a length difference counts); None: identical.
+    Token lists here; the bench compares text by character with it too."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i

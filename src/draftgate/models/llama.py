@@ -197,7 +197,8 @@ class LlamaModel:
         x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
         if len(self.layers) in batch.feature_layers:
             feats[len(self.layers)] = x.float()
-        features = torch.stack([feats[l] for l in batch.feature_layers], dim=1) if batch.feature_layers else None  # [R, n, C]
+        fl = batch.feature_layers
+        features = torch.stack([feats[f] for f in fl], dim=1) if fl else None  # [R, n, C]
         logits = self.lm_head(x).float()  # [R, V] (or [R, Vs] with a vocabulary subset)
         if self.out_ids is not None:
             full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]
