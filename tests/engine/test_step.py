@@ -280,3 +280,41 @@ def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | Non
     finally:
         for sid in (301, 302, 303):
             runner.free(sid)
+
+
+def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_nothing(
+    runner: ModelRunner,
+) -> None:
+    """The culprit may be a sequence with k = 0 in the call: the one drafting sequence is asked alone.
+
+    (Before the fix, a batch with one drafting sequence was never retried, so a failed drafter's
+    plain request cost every newcomer its drafts for good: test_failed_drafter_degrades_to_plain_decoding
+    flaked on it.) A sequence marked hidden is not shown to the drafter at all.
+    """
+    good = Draft(token_ids=[17, 33, 17])
+    calls: list[list[int]] = []
+
+    class Drafter(FixedDrafter):
+        def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+            calls.append([r.seq_id for r in requests])
+            if any(r.seq_id == 312 for r in requests):
+                raise RuntimeError("drafter crashed on 312")
+            return super().propose(requests)
+
+    drafter = Drafter({311: good, 312: good})
+    seqs = []
+    for sid in (311, 312):
+        runner.prefill(sid, PROMPT)
+        seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
+    try:
+        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0])
+        assert res.drafted == [3, 0] and res.draft_failed == [False, False]
+        assert calls == [[311, 312], [311]]
+        calls.clear()
+        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0], hidden=[False, True])
+        assert res.drafted == [3, 0] and calls == [[311]]
+        for s in seqs:
+            assert runner.length(s.seq_id) == len(s.history) - 1
+    finally:
+        for sid in (311, 312):
+            runner.free(sid)

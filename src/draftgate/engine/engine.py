@@ -240,7 +240,9 @@ class Engine(Frontend):
         lag = [0 if r.drafted_last else len(r.seq.history) - r.synced for r in batch]
         seen = [len(r.seq.history) for r in batch]
         try:
-            res = speculative_step(self.target, self.drafter, [r.seq for r in batch], ks)
+            res = speculative_step(
+                self.target, self.drafter, [r.seq for r in batch], ks, [r.drafter_failed for r in batch]
+            )
         except Exception as e:
             for r in batch:  # the target failed: a clear error to each request, KV freed
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")

@@ -46,14 +46,22 @@ class StepResult:
 
 
 def speculative_step(
-    target: RoundTarget, drafter: Drafter | None, seqs: Sequence[SequenceState], ks: Sequence[int]
+    target: RoundTarget,
+    drafter: Drafter | None,
+    seqs: Sequence[SequenceState],
+    ks: Sequence[int],
+    hidden: Sequence[bool] | None = None,
 ) -> StepResult:
+    """One round; ``hidden[i]``: the drafter does not see sequence i (it failed on it before)."""
     # 1. Draft.
     t0 = time.perf_counter()
     drafts: list[Draft] = [_NO_DRAFT] * len(seqs)
     failed = [False] * len(seqs)
     if drafter is not None and any(ks):
-        drafts, failed = _draft(drafter, seqs, ks, target.info.vocab_size)
+        shown = [i for i in range(len(seqs)) if not (hidden and hidden[i])]
+        got, bad = _draft(drafter, [seqs[i] for i in shown], [ks[i] for i in shown], target.info.vocab_size)
+        for i, d, f in zip(shown, got, bad, strict=True):
+            drafts[i], failed[i] = d, f
     t1 = time.perf_counter()
 
     # 2. One round on the target: verify every sequence's drafts, roll each back to its accepted prefix.
@@ -89,9 +97,11 @@ def _draft(
         if len(proposed) != len(reqs):
             raise ValueError(f"drafter returned {len(proposed)} drafts for {len(reqs)} requests")
     except Exception as e:
-        if isinstance(e, TimeoutError) or sum(r.k > 0 for r in reqs) <= 1:
-            proposed = [None if r.k else _NO_DRAFT for r in reqs]  # asking again would only wait again
-        else:  # find the culprits: one failing sequence must not cost the others their drafts
+        # Find the culprits: one failing sequence (drafting or only showing its history) must not
+        # cost the others their drafts. Alone, or timed out, asking again would only fail or wait again.
+        if isinstance(e, TimeoutError) or len(reqs) <= 1:
+            proposed = [None if r.k else _NO_DRAFT for r in reqs]
+        else:
             proposed = [_propose_one(drafter, r) if r.k else _NO_DRAFT for r in reqs]
     drafts, failed = [], []
     for d, r in zip(proposed, reqs, strict=True):
