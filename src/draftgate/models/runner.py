@@ -156,6 +156,31 @@ class ModelRunner:
             raise
         return out
 
+    def prefill_features(
+        self, seq_id: int, prompt: Sequence[int], feature_layers: Sequence[int], chunk: int = 128
+    ) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """``prefill`` that also returns the hidden states of the prompt positions it ran.
+
+        Returns (logits [V] of the last prompt token, the first position run (the prefix cache
+        held the ones before), features [len(prompt) - start, len(feature_layers), C]).
+        """
+        cached = self.add_sequence(seq_id, prompt)
+        parts: list[torch.Tensor] = []
+        logits = None
+        try:
+            for s in range(cached, len(prompt), chunk):
+                piece = list(prompt[s : s + chunk])
+                out = self.forward_flat([ForwardItem(seq_id, piece, len(piece))], feature_layers)
+                assert out.features is not None
+                parts.append(out.features)
+                logits = out.logits[-1]
+            self.commit(seq_id, prompt)
+        except BaseException:
+            self.free(seq_id)
+            raise
+        assert logits is not None
+        return logits, cached, torch.cat(parts)
+
     def prefill(self, seq_id: int, prompt: Sequence[int], chunk: int = 512) -> torch.Tensor:
         """Add a sequence and run its prompt; returns logits [V] of the last prompt token."""
         cached = self.add_sequence(seq_id, prompt)
