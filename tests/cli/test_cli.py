@@ -95,3 +95,21 @@ def test_console_script_on_bundled_model() -> None:
     data = json.loads(r.stdout)
     assert "Paris" in data["text"]
     assert data["token_ids"][-1] == 2 or data["completion_tokens"] == 12  # EOS from the model, not a constant
+
+
+def test_distill_eagle_then_generate_with_the_head(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`distill --kind eagle` writes a head folder that `generate --drafter eagle --draft-head` runs, losslessly."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["hello world", "the a b", "1 2 3", "is of"]))
+    out = tmp_path / "head"
+    rc = main(["distill", "--kind", "eagle", "--target", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+               "--steps", "4", "--batch", "2", "--vocab-subset", "32", "--max-new-tokens", "8", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and report["steps"] == 4 and (out / "head.json").is_file()
+    common = ["hello world the", "--model", str(tiny_model_dir), "--max-new-tokens", "12", "--json", "--raw"]
+    rc, plain, _ = _gen(capsys, *common, "--drafter", "none")
+    rc2, spec, _ = _gen(capsys, *common, "--drafter", "eagle", "--draft-head", str(out), "--k", "3")
+    assert rc == rc2 == 0 and json.loads(spec)["token_ids"] == json.loads(plain)["token_ids"]
+    assert json.loads(spec)["spec"]["drafter"] == "eagle"

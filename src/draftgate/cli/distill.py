@@ -8,9 +8,18 @@ layers and may predict a reduced vocabulary (the target's most frequent tokens;
 q is zero elsewhere, which keeps verification exact). Output: an HF-style folder
 for `--drafter model --draft-model OUT`.
 
-Example:
+`--kind eagle` trains an EAGLE-style draft head instead: one decoder layer that reads the
+target's own hidden states (low, mid and high layers, fused) and the next token's embedding,
+predicts the target's next state and, through the target's output rows for the most frequent
+tokens, the token after it. It trains on the target's continuations with KL + cross-entropy over
+a multi-step rollout of its own predictions (EAGLE-3's training-time test). Output: a folder
+(head.json, head.safetensors) for `--drafter eagle --draft-head OUT` (and auto).
+
+Examples:
   draftgate distill --target smollm2-135m --data src/draftgate/data/chat_train.jsonl \\
       --out drafts/smollm2-chat --layers 4 --steps 300 --max-minutes 30
+  draftgate distill --kind eagle --data src/draftgate/data/chat_train.jsonl \\
+      --eval-data src/draftgate/data/chat_eval.jsonl --out heads/smollm2 --max-minutes 30
 """
 
 from __future__ import annotations
@@ -36,13 +45,44 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="target model: name, .gguf or HF folder (default: %(default)s)",
     )
     p.add_argument(
+        "--kind",
+        choices=["model", "eagle"],
+        default="model",
+        help="model: a small draft LM; eagle: a draft head on the target's hidden states (default: %(default)s)",
+    )
+    p.add_argument(
         "--data", type=Path, required=True, help="JSONL: one of messages / prompt / turns / text per line"
     )
     p.add_argument(
         "--out",
         type=Path,
         required=True,
-        help="output folder (HF-style); also holds corpus.pt and checkpoint.pt",
+        help="output folder (HF-style; eagle: head.json + head.safetensors); also holds the cached "
+        "target data and checkpoint.pt",
+    )
+    p.add_argument(
+        "--eval-data",
+        type=Path,
+        default=None,
+        help="eagle: held-out prompts for the agreement (default: 5%% of --data)",
+    )
+    p.add_argument(
+        "--rollout", type=int, default=3, help="eagle: training-time-test steps (default: %(default)s)"
+    )
+    p.add_argument(
+        "--feature-noise",
+        type=float,
+        default=0.2,
+        help="eagle: Gaussian noise on the normalised features while training (default: %(default)s)",
+    )
+    p.add_argument(
+        "--weight-decay", type=float, default=0.05, help="eagle: AdamW weight decay (default: %(default)s)"
+    )
+    p.add_argument(
+        "--rollout-warmup",
+        type=float,
+        default=0.6,
+        help="eagle: share of the steps that train the first draft step alone first (default: %(default)s)",
     )
     p.add_argument(
         "--layers",
@@ -56,13 +96,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--vocab-subset",
         type=int,
-        default=8192,
-        help="output vocabulary size, 0 = full (default: %(default)s)",
+        default=None,
+        help="output vocabulary size, 0 = full (model; default 8192; eagle: default 4096)",
     )
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: model 300, eagle 1000)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: model 16, eagle 12)")
     p.add_argument(
-        "--lr", type=float, default=3e-4, help="peak learning rate, cosine decay (default: %(default)s)"
+        "--lr", type=float, default=None, help="peak learning rate, cosine decay (default: model 3e-4, eagle 2e-3)"
     )
     p.add_argument(
         "--temperature",
@@ -95,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.kind == "eagle":
+        return _run_eagle(a)
     from draftgate.train.distill import DistillConfig, distill
 
     cfg = DistillConfig(
@@ -103,10 +145,10 @@ def run(a: argparse.Namespace) -> int:
         out=a.out,
         layers=a.layers,
         hidden=a.hidden,
-        vocab_subset=a.vocab_subset,
-        steps=a.steps,
-        batch=a.batch,
-        lr=a.lr,
+        vocab_subset=8192 if a.vocab_subset is None else a.vocab_subset,
+        steps=300 if a.steps is None else a.steps,
+        batch=16 if a.batch is None else a.batch,
+        lr=3e-4 if a.lr is None else a.lr,
         temperature=a.temperature,
         alpha=a.alpha,
         max_new_tokens=a.max_new_tokens,
@@ -118,6 +160,39 @@ def run(a: argparse.Namespace) -> int:
         resume=a.resume,
     ).validate()
     report = distill(cfg, log=(lambda s: None) if a.json else print)
+    if a.json:
+        d = asdict(report)
+        d["losses"] = d["losses"][-5:]
+        print(json.dumps(d))
+    return 0
+
+
+def _run_eagle(a: argparse.Namespace) -> int:
+    from draftgate.train.eagle import EagleConfig, train_eagle
+
+    cfg = EagleConfig(
+        target=a.target,
+        data=a.data,
+        out=a.out,
+        eval_data=a.eval_data,
+        vocab_subset=4096 if a.vocab_subset is None else a.vocab_subset,
+        steps=1000 if a.steps is None else a.steps,
+        batch=12 if a.batch is None else a.batch,
+        lr=2e-3 if a.lr is None else a.lr,
+        alpha=a.alpha,
+        rollout=a.rollout,
+        rollout_warmup=a.rollout_warmup,
+        feature_noise=a.feature_noise,
+        weight_decay=a.weight_decay,
+        max_new_tokens=a.max_new_tokens,
+        max_len=a.max_len,
+        top_k=a.top_k,
+        seed=a.seed,
+        checkpoint_every=a.checkpoint_every,
+        max_minutes=a.max_minutes,
+        resume=a.resume,
+    ).validate()
+    report = train_eagle(cfg, log=(lambda s: None) if a.json else print)
     if a.json:
         d = asdict(report)
         d["losses"] = d["losses"][-5:]

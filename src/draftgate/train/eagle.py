@@ -1,0 +1,343 @@
+"""`draftgate distill --kind eagle`: train an EAGLE-style draft head on the target's own states.
+
+Data: the target's greedy continuations of the prompts (``build_corpus``), then one forward per
+sequence that keeps, at every position, the target's top-k logits and its features at the head's
+layers (``teacher_states``; the runner returns them with the logits, no extra forward).
+
+Loss per position and rollout step j (``EagleHead.rollout``, EAGLE-3's training-time test; the
+first ``rollout_warmup`` share of the steps trains the first draft step alone, which on this CPU
+learns several times faster per second, then the whole rollout):
+``alpha * KL(p || q) + (1 - alpha) * CE`` on the token after the step's, p the target's top-k
+restricted to the head's vocabulary subset, weighted 1 on generated positions and
+``prompt_weight`` on the prompt, and ``step_decay ** (j - 1)`` per step. Seeded, checkpointed
+(resume continues bit-for-bit the same run), bounded by ``max_minutes``, with the held-out
+agreement (the head's greedy token = the target's, one step from the target's features) at each
+checkpoint. The output folder (head.json, head.safetensors) loads as ``--drafter eagle --draft-head DIR``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
+from draftgate.models.loader import LoadedModel, load_model
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.train.data import Example, build_corpus, choose_vocab_subset, read_records
+
+__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "teacher_states"]
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    target: str
+    data: Path
+    out: Path
+    eval_data: Path | None = None  # held-out prompts (default: a fraction of --data)
+    vocab_subset: int = 4096
+    steps: int = 1000
+    batch: int = 12
+    lr: float = 2e-3
+    alpha: float = 0.5
+    prompt_weight: float = 0.25
+    rollout: int = 3  # training-time test steps
+    rollout_warmup: float = 0.6  # share of the steps trained on one step (the head's first draft) first
+    feature_noise: float = 0.2  # Gaussian noise on the normalised features while training
+    weight_decay: float = 0.05
+    step_decay: float = 0.8
+    max_new_tokens: int = 128
+    max_len: int = 512
+    window: int = 256  # rows per training sequence (a random window of a longer one)
+    top_k: int = 32
+    seed: int = 0
+    checkpoint_every: int = 50
+    max_minutes: float | None = None
+    resume: bool = False
+    eval_fraction: float = 0.05
+
+    def validate(self) -> EagleConfig:
+        if self.vocab_subset < 16:
+            raise ValueError(f"--vocab-subset must be >= 16 for an eagle head, got {self.vocab_subset}")
+        if self.steps < 0 or self.batch < 1 or not self.lr > 0:
+            raise ValueError("--steps must be >= 0, --batch >= 1 and --lr > 0")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if not 1 <= self.rollout <= 8 or not 0 < self.step_decay <= 1 or not 0 <= self.rollout_warmup <= 1:
+            raise ValueError("--rollout must be in 1..8, --step-decay in (0, 1] and --rollout-warmup in [0, 1]")
+        if self.max_new_tokens < 1 or self.max_len < 8 or self.window < 8 or self.top_k < 1:
+            raise ValueError("--max-new-tokens and --top-k must be >= 1, --max-len and --window >= 8")
+        if self.feature_noise < 0 or self.weight_decay < 0:
+            raise ValueError("--feature-noise and --weight-decay must be >= 0")
+        if self.checkpoint_every < 1:
+            raise ValueError("--checkpoint-every must be >= 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError("--max-minutes must be > 0")
+        return self
+
+
+@dataclass
+class EagleReport:
+    out: str
+    feature_layers: list[int]
+    examples: int
+    eval_examples: int
+    train_tokens: int
+    vocab_subset: int
+    subset_coverage: float
+    steps: int
+    agreement_before: float
+    agreement_after: float
+    agreement_per_step: list[float]  # after training, rollout steps 1..rollout
+    seconds_data: float
+    seconds_train: float
+    seconds_total: float
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class States:
+    """One sequence's teacher signal: rows 0..T-2 (row t is about the token at t + 1)."""
+
+    tokens: torch.Tensor  # [T] int64
+    start: int  # first generated position
+    feats: torch.Tensor  # [T-1, nF, C] float16
+    top_v: torch.Tensor  # [T-1, k] float16 top-k logits
+    top_i: torch.Tensor  # [T-1, k] int32 their ids
+
+
+@torch.inference_mode()
+def teacher_states(
+    target: LoadedModel, examples: Sequence[Example], layers: Sequence[int], top_k: int, progress: bool = True
+) -> list[States]:
+    longest = max(len(e.tokens) for e in examples)
+    runner = ModelRunner(target, num_blocks=(longest + 15) // 16 + 1, enable_prefix_cache=False)
+    out = []
+    for e in tqdm(examples, desc="target states", unit="seq", disable=not progress):
+        runner.add_sequence(0, e.tokens)
+        try:
+            ids = list(e.tokens[:-1])
+            res = runner.forward_flat([ForwardItem(0, ids, len(ids))], feature_layers=layers)
+        finally:
+            runner.free(0)
+        assert res.features is not None
+        vals, idx = res.logits.topk(top_k, dim=-1)  # [T-1, k]
+        out.append(States(torch.tensor(e.tokens), e.start, res.features.half(), vals.half(), idx.int()))
+    return out
+
+
+def _states(cfg: EagleConfig, target: LoadedModel, path: Path, layers: Sequence[int], progress: bool,
+            label: str) -> list[States]:  # fmt: skip
+    """Continuations + teacher states of one prompt file, cached in OUT keyed by data and settings."""
+    settings = json.dumps([cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers)]).encode()
+    key = hashlib.sha256(settings + path.read_bytes()).hexdigest()
+    cache = cfg.out / f"states-{label}.pt"
+    if cache.is_file():
+        got = torch.load(cache, weights_only=False)
+        if got.get("key") == key:
+            return got["states"]
+    examples = build_corpus(target, read_records(path), cfg.max_new_tokens, cfg.max_len, batch=16, progress=progress)
+    if len(examples) < 1:
+        raise ValueError(f"{path}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
+    states = teacher_states(target, examples, layers, cfg.top_k, progress)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    torch.save({"key": key, "states": states}, cache)
+    return states
+
+
+def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, prompt_w: float,
+           gen: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row."""
+    spans = []
+    for s in items:
+        n = s.feats.shape[0]
+        lo = int(torch.randint(0, max(1, n - window) + 1, (1,), generator=gen)) if n > window else 0
+        spans.append((lo, min(n, lo + window)))
+    T = max(b - a for a, b in spans)
+    B, nF, C = len(items), items[0].feats.shape[1], items[0].feats.shape[2]
+    k = items[0].top_v.shape[1]
+    feats = torch.zeros(B, T, nF, C)
+    nxt = torch.zeros(B, T + S, dtype=torch.int64)  # the token after each row (x_{t+1}), then beyond
+    tgt = torch.full((B, T + S), -1, dtype=torch.int64)  # row r's token (x_{r+1}) as a subset index
+    w = torch.zeros(B, T + S)
+    tv = torch.full((B, T + S, k), float("-inf"))
+    ti = torch.zeros(B, T + S, k, dtype=torch.int64)
+    for b, (s, (lo, hi)) in enumerate(zip(items, spans, strict=True)):
+        n, m = s.feats.shape[0], hi - lo  # rows past the window's m anchors serve as later steps' targets
+        feats[b, :m] = s.feats[lo:hi].float()
+        end = min(n, lo + T + S)  # rows available for later rollout steps' targets
+        r = end - lo
+        nxt[b, :r] = s.tokens[lo + 1 : end + 1]
+        tgt[b, :r] = sub_of[s.tokens[lo + 1 : end + 1]]
+        w[b, :r] = torch.where(torch.arange(lo, end) >= s.start - 1, 1.0, prompt_w)
+        sub = sub_of[s.top_i[lo:end].long()]  # [r, k]
+        tv[b, :r] = s.top_v[lo:end].float().masked_fill(sub < 0, float("-inf"))
+        ti[b, :r] = sub.clamp(min=0)
+    anchors = torch.zeros(B, T, dtype=torch.bool)
+    for b, (lo, hi) in enumerate(spans):
+        anchors[b, : hi - lo] = True
+    return {"feats": feats, "nxt": nxt, "tgt": tgt, "w": w, "tv": tv, "ti": ti, "anchors": anchors}
+
+
+def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, decay: float) -> torch.Tensor:
+    T = bt["feats"].shape[1]
+    outs = head.rollout(bt["feats"], bt["nxt"], S)  # S x [B, T, Vs]
+    total, norm = bt["feats"].new_zeros(()), 0.0
+    for j, logits in enumerate(outs, start=1):
+        rows = slice(j, j + T)  # step j at anchor t predicts row t + j's token
+        tv, ti, tgt = bt["tv"][:, rows], bt["ti"][:, rows], bt["tgt"][:, rows]  # [B, T, k], [B, T]
+        w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
+        log_q = torch.log_softmax(logits, dim=-1)  # [B, T, Vs]
+        has_p = torch.isfinite(tv).any(-1)
+        p = torch.softmax(tv, dim=-1).nan_to_num(0.0)  # [B, T, k]
+        kl = (p * (p.clamp_min(1e-12).log() - log_q.gather(-1, ti))).sum(-1)
+        kl = torch.where(has_p, kl, torch.zeros_like(kl))
+        ce = -log_q.gather(-1, tgt.clamp(min=0)[..., None])[..., 0]
+        ce = torch.where(tgt >= 0, ce, torch.zeros_like(ce))
+        wj = w * (tgt >= 0) * decay ** (j - 1)
+        total = total + ((alpha * kl + (1 - alpha) * ce) * wj).sum()
+        norm += float(wj.sum())
+    return total / max(norm, 1e-6)
+
+
+@torch.no_grad()
+def head_agreement(head: EagleHead, states: Sequence[States], steps: int = 1) -> list[float]:
+    """Per rollout step: share of generated positions where the head's greedy token is the target's."""
+    hit, total = [0] * steps, [0] * steps
+    was = head.training
+    head.eval()
+    for s in states:
+        n = s.feats.shape[0]
+        nxt = torch.cat([s.tokens[1:], torch.zeros(steps, dtype=torch.int64)])[None]  # [1, n + steps]
+        outs = head.rollout(s.feats.float()[None], nxt, steps)
+        for j, lg in enumerate(outs):
+            pred = head.vocab_ids[lg[0].argmax(-1)]  # [n] the token predicted for row t + j + 1
+            t = torch.arange(n)
+            want = t + j + 2  # step j + 1 at anchor t predicts the token at t + j + 2
+            ok = (want <= n) & (want >= s.start)
+            hit[j] += int((pred[ok] == s.tokens[want[ok]]).sum())
+            total[j] += int(ok.sum())
+    head.train(was)
+    return [h / max(1, t) for h, t in zip(hit, total, strict=True)]
+
+
+def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], None] = print) -> EagleReport:
+    cfg.validate()
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    target = load_model(cfg.target)
+    tcfg = target.config
+    layers = default_feature_layers(tcfg.num_layers)
+    states = _states(cfg, target, cfg.data, layers, progress, "train")
+    if cfg.eval_data is not None:
+        train_s, eval_s = states, _states(cfg, target, cfg.eval_data, layers, progress, "eval")
+    else:
+        order = torch.randperm(len(states), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        n_eval = max(1, int(round(len(states) * cfg.eval_fraction)))
+        eval_s = [states[i] for i in order[:n_eval]]
+        train_s = [states[i] for i in order[n_eval:]] or eval_s
+    t_data = time.perf_counter() - t0
+
+    ex = [Example(tuple(s.tokens.tolist()), s.start) for s in train_s]
+    top = [(s.top_v, s.top_i) for s in train_s]
+    vocab_ids, coverage = choose_vocab_subset(ex, top, min(cfg.vocab_subset, tcfg.vocab_size), tcfg.eos_token_ids)
+    sub_of = torch.full((tcfg.vocab_size,), -1, dtype=torch.int64)
+    sub_of[vocab_ids] = torch.arange(vocab_ids.numel())
+    torch.manual_seed(cfg.seed)  # here, not only at the start: generating the data draws from it
+    head = EagleHead(tcfg, layers, vocab_ids).attach_target(target.weights)
+    head.init_weights(target.weights)
+    head.feature_noise = cfg.feature_noise
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(1, min(20, cfg.steps // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, cfg.steps)))))
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    step, losses, evals = 0, [], []
+    ckpt = cfg.out / "checkpoint.pt"
+    if cfg.resume and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        gen.set_state(st["gen"])
+        torch.random.set_rng_state(st["rng"])  # the feature noise
+        step, losses, evals = st["step"], st["losses"], st["evals"]
+        log(f"resumed from {ckpt} at step {step}")
+    before = evals[0][1] if evals else head_agreement(head, eval_s)[0]  # evals[0]: step 0
+    if not evals:
+        evals.append((0, round(before, 4)))
+    log(f"{len(train_s)} train / {len(eval_s)} eval sequences; feature layers {list(layers)}; vocab subset "
+        f"{vocab_ids.numel()} (covers {coverage:.1%}); agreement before {before:.1%}")  # fmt: skip
+    meta = {
+        "target": target_fingerprint(tcfg, target.weights),
+        "target_source": cfg.target,
+        "trained": {"data": str(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
+                    "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
+                    "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
+                    "vocab_subset": cfg.vocab_subset},
+    }  # fmt: skip
+
+    def save() -> None:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "gen": gen.get_state(), "rng": torch.random.get_rng_state(), "step": step, "losses": losses,
+                    "evals": evals}, ckpt)  # fmt: skip
+        head.save(cfg.out, meta)
+
+    t1 = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=step, desc="eagle head", unit="step", disable=not progress)
+    head.train()
+    while step < cfg.steps:
+        if cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60:
+            log(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached")
+            break
+        S = 1 if step < cfg.rollout_warmup * cfg.steps else cfg.rollout  # one step learns fastest; then the rollout
+        pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
+        bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
+        loss = _loss(head, bt, S, cfg.alpha, cfg.step_decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(round(float(loss.detach()), 4))
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if step % cfg.checkpoint_every == 0:
+            evals.append((step, round(head_agreement(head, eval_s)[0], 4)))
+            save()
+            bar.write(f"step {step}: loss {float(loss):.3f}, held-out agreement {evals[-1][1]:.1%}")
+    bar.close()
+    t_train = time.perf_counter() - t1
+    per_step = head_agreement(head, eval_s, cfg.rollout)
+    if not evals or evals[-1][0] != step:
+        evals.append((step, round(per_step[0], 4)))
+    meta["trained"]["seconds"] = round(time.perf_counter() - t0, 1)
+    meta["trained"]["agreement"] = round(per_step[0], 4)
+    save()
+    report = EagleReport(
+        out=str(cfg.out), feature_layers=list(layers), examples=len(states) if cfg.eval_data is None else len(train_s),
+        eval_examples=len(eval_s), train_tokens=sum(int(s.tokens.numel()) for s in train_s),
+        vocab_subset=int(vocab_ids.numel()), subset_coverage=round(coverage, 4), steps=step,
+        agreement_before=round(before, 4), agreement_after=round(per_step[0], 4),
+        agreement_per_step=[round(a, 4) for a in per_step], seconds_data=round(t_data, 1),
+        seconds_train=round(t_train, 1), seconds_total=round(time.perf_counter() - t0, 1), evals=evals, losses=losses,
+    )  # fmt: skip
+    (cfg.out / "distill.json").write_text(json.dumps({"config": _jsonable(asdict(cfg)), "report": asdict(report)}, indent=2))
+    log(f"head agreement with the target on held-out continuations: {before:.1%} -> {per_step[0]:.1%} "
+        f"(rollout steps {', '.join(f'{a:.1%}' for a in per_step)}); wrote {cfg.out}")  # fmt: skip
+    return report
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}

@@ -1,0 +1,115 @@
+"""distill --kind eagle at toy size: trains, resumes, is seeded, and its head is lossless on the engine."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftgate.engine import DrafterKind, EngineConfig, build_engine
+from draftgate.errors import ModelLoadError
+from draftgate.train.eagle import EagleConfig, train_eagle
+from draftgate.types import SamplingParams
+
+WORDS = ["hello", "world", "the", "an", "is", "of", "and", *"abcdefghij", *"0123456789"]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = random.Random(0)
+    lines = [
+        json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))}) for _ in range(14)
+    ]
+    f = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def _cfg(tiny_model_dir: Path, data: Path, out: Path, **kw: object) -> EagleConfig:
+    base = EagleConfig(
+        target=str(tiny_model_dir), data=data, out=out, vocab_subset=40, steps=8, batch=4, lr=3e-3,
+        max_new_tokens=16, max_len=96, window=24, top_k=8, checkpoint_every=4, eval_fraction=0.2,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "head"
+    logs: list[str] = []
+    rep = train_eagle(_cfg(tiny_model_dir, data_file, out, steps=40), progress=False, log=logs.append)
+    assert rep.steps == 40 and rep.vocab_subset == 40 and rep.feature_layers == [1, 2]
+    assert sum(rep.losses[-5:]) < sum(rep.losses[:5])  # it learns
+    assert rep.agreement_after > rep.agreement_before
+    assert len(rep.agreement_per_step) == 3
+    meta = json.loads((out / "head.json").read_text())
+    assert meta["format"] == "draftgate-eagle-head/1" and meta["trained"]["seed"] == 0
+    assert load_file(str(out / "head.safetensors"))["vocab_ids"].numel() == 40
+    # Killed during step 23 (last checkpoint: step 20) and resumed: the same run, loss for loss.
+    import draftgate.train.eagle as mod
+
+    calls, real_loss = [0], mod._loss
+
+    def crash_at_23(*a: object, **kw: object) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 23:
+            raise KeyboardInterrupt
+        return real_loss(*a, **kw)  # type: ignore[arg-type]
+
+    part = tmp_path / "part"
+    mod._loss = crash_at_23  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40), progress=False, log=logs.append)
+    finally:
+        mod._loss = real_loss  # type: ignore[assignment]
+    rep2 = train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, resume=True), progress=False, log=logs.append)
+    assert any("resumed" in m and "step 20" in m for m in logs)
+    assert rep2.steps == 40 and rep2.losses == rep.losses
+
+
+def test_eagle_is_seeded(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
+    quiet = lambda s: None  # noqa: E731
+    a = train_eagle(_cfg(tiny_model_dir, data_file, tmp_path / "a"), progress=False, log=quiet)
+    b = train_eagle(_cfg(tiny_model_dir, data_file, tmp_path / "b"), progress=False, log=quiet)
+    c = train_eagle(_cfg(tiny_model_dir, data_file, tmp_path / "c", seed=1), progress=False, log=quiet)
+    assert a.losses == b.losses and a.losses != c.losses
+    wa, wb = (load_file(str(tmp_path / x / "head.safetensors")) for x in ("a", "b"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_trained_head_is_lossless_on_the_engine(
+    tiny_model_dir: Path, tiny_draft_dir: Path, data_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "head"
+    train_eagle(_cfg(tiny_model_dir, data_file, out, steps=30), progress=False, log=lambda s: None)
+    plain = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.NONE))
+    engines = [
+        build_engine(EngineConfig(model=str(tiny_model_dir), drafter=kind, draft_head=str(out), k=k))
+        for kind, k in ((DrafterKind.EAGLE, 3), (DrafterKind.EAGLE, None), (DrafterKind.AUTO, None))
+    ]
+    try:
+        params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+        for prompt in ("hello world", "the a b c", "1 2 3 and"):
+            want = plain.complete(prompt, params)
+            for eng in engines:
+                got = eng.complete(prompt, params)
+                assert got.token_ids == want.token_ids  # greedy: token for token
+        assert engines[0].stats.draft_tokens > 0 and engines[0].stats.accepted_tokens > 0
+    finally:
+        for eng in (plain, *engines):
+            eng.shutdown()
+    # A head trained for this target is refused for another one, with the reason.
+    with pytest.raises(ModelLoadError, match="different target"):
+        build_engine(EngineConfig(model=str(tiny_draft_dir), drafter=DrafterKind.EAGLE, draft_head=str(out)))
+
+
+def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--rollout"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, rollout=0).validate()
+    with pytest.raises(ValueError, match="--vocab-subset"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, vocab_subset=4).validate()
