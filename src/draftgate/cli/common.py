@@ -44,11 +44,19 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         "--drafter",
         default=default_drafter,
         choices=[d.value for d in DrafterKind],
-        help="draft source: none (plain decoding), ngram, suffix, model, quant, auto (default: %(default)s)",
+        help="draft source: none (plain decoding), ngram, suffix, model, quant, eagle (a draft head on the "
+        "target's hidden states), auto (default: %(default)s)",
     )
     g.add_argument("--k", type=_k_arg, default=None, metavar="N|auto", help="draft tokens per round (default: auto)")
     g.add_argument("--k-max", type=int, default=8, help="upper bound for adaptive K (default: %(default)s)")
     g.add_argument("--draft-model", default=None, help="draft model for --drafter model (same tokenizer)")
+    g.add_argument(
+        "--draft-head",
+        default=None,
+        metavar="DIR|none",
+        help="draft head folder (`draftgate distill --kind eagle`) for --drafter eagle and auto; default: the "
+        "head shipped for the model, if any; 'none': auto without a head",
+    )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--threads", type=int, default=None, help="CPU threads for the forward (default: all cores)")
@@ -82,6 +90,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         k=a.k,
         k_max=max(a.k_max, a.k or 0),
         draft_model=a.draft_model,
+        draft_head=getattr(a, "draft_head", None),
         device=a.device,
         dtype=a.dtype,
         num_blocks=a.kv_blocks,

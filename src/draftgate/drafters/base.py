@@ -35,6 +35,12 @@ class DraftRequest:
     tokens: Sequence[int]  # the full history (prompt + output so far); a live view, do not mutate
     k: int  # the most draft tokens wanted (0 means none)
     params: SamplingParams
+    # Sampling requests: the target's uniforms for the k draft positions and the bonus, [k+1, 2]
+    # float64 (u_accept, u_sample; engine.sequence.PositionRandom), None for greedy. Only for
+    # one-hot drafts: a drafter may guess the token the target will sample at row i by inverse CDF
+    # with u[i, 1] (verification by matching stays plain sampling whatever the guess). A drafter
+    # that sends a sampled q must not use them (its q would depend on the target's acceptance draw).
+    uniforms: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

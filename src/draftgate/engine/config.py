@@ -22,6 +22,7 @@ class DrafterKind(str, enum.Enum):
     SUFFIX = "suffix"
     MODEL = "model"
     QUANT = "quant"
+    EAGLE = "eagle"
     AUTO = "auto"
 
 
@@ -32,6 +33,7 @@ class EngineConfig:
     k: int | None = None  # None: adaptive (goodput controller); 0..k_max: fixed
     k_max: int = 8  # most draft tokens per round
     draft_model: str | None = None  # for drafter=model (same tokenizer as the target)
+    draft_head: str | None = None  # eagle / auto: a head folder; None: the one shipped for the model; "none": off
     device: str = "cpu"
     dtype: str = "float32"
     num_blocks: int = 1024  # KV blocks (block_size tokens each) shared by all running requests
@@ -56,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"k must be in [0, k_max={self.k_max}] or auto, got {self.k}")
         if self.drafter == DrafterKind.MODEL and not self.draft_model:
             raise ValueError("drafter 'model' needs --draft-model PATH (a Llama-family model with the same tokenizer)")
+        if self.drafter == DrafterKind.EAGLE and self.draft_head == "none":
+            raise ValueError("drafter 'eagle' needs a draft head: --draft-head DIR, or the one shipped for the model")
         if not isinstance(self.kernels, Kernels):
             raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
         if self.dtype not in DTYPES:

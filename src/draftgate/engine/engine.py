@@ -66,6 +66,13 @@ class Engine(Frontend):
         self.runner: ModelRunner | None = self.target.runner if isinstance(self.target, LocalTarget) else None
         self.tokenizer = self.target.tokenizer
         self.drafter = drafter
+        if drafter is not None and getattr(drafter, "feature_layers", ()):
+            if not isinstance(self.target, LocalTarget):
+                raise ValueError(
+                    f"drafter {drafter.name!r} reads the target's hidden states, which only the embedded target "
+                    "gives; on this route use another drafter (auto without a draft head, ngram, suffix, model)"
+                )
+            self.target.set_feature_tap(drafter)  # type: ignore[arg-type]
         self.k = k
         self.k_max = k_max if drafter is not None else 0
         self.max_batch = max_batch
@@ -208,6 +215,7 @@ class Engine(Frontend):
         self._waiting.popleft()
         if done.error is not None:  # a failed prefill fails this request only
             self.target.close(r.seq.seq_id)
+            self._release_draft(r)
             self._deliver(r, Chunk([], "", "error", error=done.error, stats=r.seq.stats))
             return
         if done.approximate:
@@ -321,14 +329,17 @@ class Engine(Frontend):
         self.target.close(r.seq.seq_id)  # before leaving _running: num_running == 0 implies KV is back
         if r in self._running:
             self._running.remove(r)
+        self._release_draft(r)
+        toks = tokens or []
+        text = r.detok.delta(self.tokenizer.decode, toks, final=True) if reason != "error" else ""
+        self._deliver(r, Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt)))
+
+    def _release_draft(self, r: _Req) -> None:
         if self.drafter is not None:
             try:
                 self.drafter.release(r.seq.seq_id)
             except Exception:
                 pass  # the request is over either way; its sink must still hear so
-        toks = tokens or []
-        text = r.detok.delta(self.tokenizer.decode, toks, final=True) if reason != "error" else ""
-        self._deliver(r, Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt)))
 
     def _deliver(self, r: _Req, chunk: Chunk) -> None:
         """Hand a chunk to the request's sink. A sink that raises (e.g. the client's event loop is

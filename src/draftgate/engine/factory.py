@@ -16,7 +16,8 @@ from draftgate.models.runner import Kernels, ModelRunner
 __all__ = ["build_engine", "build_drafter", "build_runner"]
 
 
-def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
+def build_drafter(cfg: EngineConfig, target: LoadedModel, features: bool = True) -> Drafter | None:
+    """``features``: the target is our runner in this process, so a drafter may read its hidden states."""
     kind = cfg.drafter
     if kind == DrafterKind.NONE:
         return None
@@ -25,8 +26,21 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
     if kind == DrafterKind.SUFFIX:
         return SuffixDrafter()
     if kind == DrafterKind.AUTO:
-        return AutoDrafter(model=_auto_model_drafter(cfg, target))
+        return AutoDrafter(model=_auto_model_drafter(cfg, target, features))
+    if kind == DrafterKind.EAGLE:
+        if not features:
+            raise ModelLoadError(
+                "drafter 'eagle' reads the target's hidden states, which only the embedded target gives; "
+                "use auto, ngram, suffix or model on a remote target"
+            )
+        return _eagle(cfg, target)
     return _model_drafter(cfg, target)
+
+
+def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
+    from draftgate.drafters.eagle import EagleDrafter, load_head
+
+    return EagleDrafter(load_head(cfg.draft_head, target))
 
 
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
@@ -53,17 +67,25 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     return ModelDrafter(build_runner(cfg, draft))
 
 
-def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter | None:
-    """auto adds a model drafter when one is configured (--draft-model).
+def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) -> Drafter | None:
+    """auto adds a model drafter: --draft-model when given, else the draft head shipped for the target.
 
-    Not llama.cpp on its own any more (it was auto's default draft while the target was 3-5x
-    slower): against the native target a Q4 llama.cpp draft step costs half a target step, and on
-    open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md, issue 12).
-    ``--drafter quant`` still runs it on purpose.
+    The head (drafters/eagle.py) needs the target's hidden states, so only with the embedded target;
+    ``--draft-head none`` leaves it out. Not llama.cpp on its own any more (it was auto's default
+    draft while the target was 3-5x slower): against the native target a Q4 llama.cpp draft step
+    costs half a target step, and on open prompts auto with it ran at 0.78-1.01x of plain
+    (docs/BENCHMARKS.md, issue 12). ``--drafter quant`` still runs it on purpose.
     """
     if cfg.draft_model:
         return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
-    return None
+    if not features or cfg.draft_head == "none":
+        return None
+    if cfg.draft_head is None:
+        from draftgate.drafters.eagle import shipped_head
+
+        if shipped_head(target) is None:
+            return None
+    return _eagle(cfg, target)
 
 
 def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelRunner:

@@ -8,13 +8,14 @@ one round of drafts) so a running sequence can never run out of blocks mid-reque
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
 import torch
 
 from draftgate.drafters.base import SparseQ
-from draftgate.engine.target import NotNow, RoundDone, RoundWork, TargetInfo
+from draftgate.engine.target import FeatureTap, NotNow, RoundDone, RoundWork, TargetInfo
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -45,6 +46,11 @@ class LocalTarget:
         self.info = TargetInfo("local", runner.vocab_size, runner.config.max_position_embeddings)
         self._reserved: dict[int, int] = {}  # seq_id -> KV blocks held back for it
         self._reserved_total = 0
+        self.tap: FeatureTap | None = None  # a drafter that reads the target's hidden states
+
+    def set_feature_tap(self, tap: FeatureTap) -> None:
+        """Every committed position's features go to ``tap.feed`` (prompt at open, then each round's)."""
+        self.tap = tap
 
     def _blocks_for(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.runner.block_size)
@@ -72,7 +78,12 @@ class LocalTarget:
         if self._reserved_total + need > self.runner.kv.num_blocks:
             raise NotNow("waiting for running requests to free KV blocks")
         try:
-            logits = self.runner.prefill(work.seq_id, prompt)[None]  # [1, V]
+            if self.tap is None:
+                logits = self.runner.prefill(work.seq_id, prompt)[None]  # [1, V]
+            else:
+                last, start, feats = self.runner.prefill_features(work.seq_id, prompt, self.tap.feature_layers)
+                logits = last[None]  # [1, V]
+                self._feed(work.seq_id, start, feats)
             if not bool(torch.isfinite(logits).all()):
                 self.runner.free(work.seq_id)
                 return RoundDone([], 0, error=NON_FINITE)
@@ -87,7 +98,8 @@ class LocalTarget:
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         # 2. One batched forward over [pending, drafts...] per sequence.
         items = [ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
-        out = self.runner.forward_flat(items)  # logits [sum(k_i + 1), V] and their argmax (-1: not finite)
+        layers = self.tap.feature_layers if self.tap is not None else ()
+        out = self.runner.forward_flat(items, layers)  # logits [sum(k_i + 1), V], argmax (-1: not finite)
         # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
         bounds, start = [], 0
         for it in items:
@@ -104,9 +116,19 @@ class LocalTarget:
             for i, e, a in zip(ok, outcome.emitted, outcome.accepted, strict=True):
                 self.runner.truncate(work[i].seq_id, len(work[i].history) + a)  # KV keeps pending + accepted drafts
                 done[i] = RoundDone(e, a)
+                if out.features is not None:  # committed: the pending token and the accepted drafts
+                    b0 = bounds[i][0]
+                    self._feed(work[i].seq_id, len(work[i].history) - 1, out.features[b0 : b0 + a + 1])
         for i in (i for i, b in enumerate(bad) if b):
             self.runner.truncate(work[i].seq_id, len(work[i].history) - 1)  # its round's KV is garbage
         return done
+
+    def _feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
+        assert self.tap is not None
+        try:
+            self.tap.feed(seq_id, start, feats)
+        except Exception:  # a failing drafter must not fail the target: it drafts nothing (a gap)
+            logging.getLogger(__name__).exception("feature tap failed for sequence %d", seq_id)
 
     def close(self, seq_id: int) -> None:
         self.runner.free(seq_id)

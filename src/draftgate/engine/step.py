@@ -90,7 +90,10 @@ def _draft(
     drafter: Drafter, seqs: Sequence[SequenceState], ks: Sequence[int], vocab_size: int
 ) -> tuple[list[Draft], list[bool]]:
     """Drafts per sequence (none where k == 0) and which sequences' drafting failed."""
-    reqs = [DraftRequest(s.seq_id, s.history, k, s.params) for s, k in zip(seqs, ks, strict=True)]
+    reqs = [
+        DraftRequest(s.seq_id, s.history, k, s.params, None if s.params.greedy or not k else s.rand.get(len(s.output), k + 1))
+        for s, k in zip(seqs, ks, strict=True)
+    ]  # fmt: skip
     proposed: list[Draft | None]
     try:
         proposed = list(drafter.propose(reqs))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -28,7 +28,7 @@ from draftgate.drafters.base import Draft
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 
-__all__ = ["TargetInfo", "RoundWork", "RoundDone", "RoundTarget", "NotNow"]
+__all__ = ["TargetInfo", "RoundWork", "RoundDone", "RoundTarget", "NotNow", "FeatureTap"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,17 @@ class RoundDone:
     accepted: int  # drafts accepted
     error: str | None = None  # this sequence's target failed; the request ends with this error
     approximate: bool = False  # verified by an approximation (a route that allowed it)
+
+
+@runtime_checkable
+class FeatureTap(Protocol):
+    """A drafter that reads the target's hidden states (drafters/eagle.py): a local target feeds it."""
+
+    feature_layers: tuple[int, ...]
+
+    def feed(self, seq_id: int, start: int, feats: Tensor) -> None:
+        """Features [m, len(feature_layers), C] of the committed positions start .. start + m - 1."""
+        ...
 
 
 class NotNow(Exception):

@@ -15,8 +15,13 @@ from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, TargetKind
 __all__ = ["build_backend", "make_drafter"]
 
 
-def make_drafter(cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel) -> Drafter | None:
-    """The route's drafter: a built-in kind (cfg.drafter is set to it), or a remote one."""
+def make_drafter(
+    cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel, features: bool = False
+) -> Drafter | None:
+    """The route's drafter: a built-in kind (cfg.drafter is set to it), or a remote one.
+
+    ``features``: the target is embedded, so a drafter may read its hidden states (eagle).
+    """
     if spec.kind is RemoteDrafterKind.HTTP:
         from draftgate.drafters.http import HttpDrafter
 
@@ -26,7 +31,7 @@ def make_drafter(cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel) -> D
 
         return LlamaCppServerDrafter(str(spec.url), loaded.tokenizer, timeout_s=spec.timeout_s)
     assert isinstance(spec.kind, DrafterKind)
-    return build_drafter(replace(cfg, drafter=spec.kind), loaded)
+    return build_drafter(replace(cfg, drafter=spec.kind), loaded, features=features)
 
 
 def build_backend(
@@ -42,7 +47,7 @@ def build_backend(
             return build_engine(replace(cfg, drafter=drafter.kind), loaded=loaded)  # type: ignore[arg-type]
         return Engine(
             build_runner(cfg, loaded),
-            make_drafter(cfg, drafter, loaded),
+            make_drafter(cfg, drafter, loaded, features=True),
             k=cfg.k,
             k_max=cfg.k_max,
             max_batch=cfg.max_batch,

@@ -34,7 +34,7 @@ def build_remote_engine(
     if draft_url is not None:
         drafter = HttpDrafter(draft_url, timeout_s=draft_timeout_s)
     else:
-        drafter = build_drafter(cfg, loaded)
+        drafter = build_drafter(cfg, loaded, features=False)  # a remote target: no hidden states
     return RemoteTargetEngine(
         targets, loaded.tokenizer, drafter, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
         draft_timeout_s=draft_timeout_s if draft_url is not None else None,

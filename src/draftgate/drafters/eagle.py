@@ -1,0 +1,144 @@
+"""`eagle`: drafts from the target's own hidden states through a trained head (models/eagle.py).
+
+The target (our runner, in this process) hands the drafter its features for every position it
+commits: the prompt at prefill, then the pending token and the accepted drafts of each round
+(``feed``; the engine wires it to ``LocalTarget``). The head keeps one entry per committed
+position; a draft of K tokens is one head pass over the positions committed since the last draft
+(its output at the last one gives draft 1) and K - 1 chain steps, each on the head's own output
+of the step before. Draft entries are dropped after the draft: the next round rebuilds from the
+target's true features, so a rejected draft needs no other rollback.
+
+Every draft is one-hot, verified by matching the target's own choice, so the output is plain
+decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
+coupled to the target's draw: draft i is the token the target's inverse-CDF sample with its own
+uniform for that position (``DraftRequest.uniforms``) would pick if the target's distribution
+were the head's, after the request's temperature, top-k and top-p. When the head is close to the
+target the two draws coincide, so sampling speculates too, and a seed gives exactly the tokens
+plain sampling gives with that seed (rejection sampling with the head's q would keep only the
+distribution).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.errors import ModelLoadError
+from draftgate.models.eagle import EagleHead, HeadCache, check_target
+from draftgate.models.loader import LoadedModel
+from draftgate.sampling.transforms import logits_to_probs, sample_from_probs
+
+__all__ = ["EagleDrafter", "shipped_head", "load_head"]
+
+
+@dataclass
+class _Seq:
+    g: torch.Tensor  # [cap, C] fused target features, position g_start + i
+    g_start: int = 0
+    g_n: int = 0
+    cache: HeadCache | None = None
+    last_h: torch.Tensor | None = None  # [C] the head's output at its last true entry
+
+
+class EagleDrafter:
+    name = "eagle"
+    sampled_q = False  # one-hot drafts only (coupled to the target's uniforms when sampling)
+
+    def __init__(self, head: EagleHead) -> None:
+        self.head = head.eval()
+        self.feature_layers = head.feature_layers
+        self._seqs: dict[int, _Seq] = {}
+
+    # ------------------------------------------------------------ the target's side
+
+    @torch.inference_mode()
+    def feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
+        """The target's features [m, nF, C] at positions start .. start + m - 1 (committed)."""
+        g = self.head.fused(feats.float())  # [m, C]
+        s = self._seqs.get(seq_id)
+        if s is None or start != s.g_start + s.g_n:  # new, or a gap (never expected): start over here
+            s = self._seqs[seq_id] = _Seq(torch.empty(max(256, 2 * g.shape[0]), g.shape[1]), start)
+        if s.g_n + g.shape[0] > s.g.shape[0]:
+            s.g = torch.cat([s.g, torch.empty(max(s.g.shape[0], g.shape[0]), g.shape[1])])
+        s.g[s.g_n : s.g_n + g.shape[0]] = g
+        s.g_n += g.shape[0]
+
+    # ------------------------------------------------------------ Drafter protocol
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [self._one(r) if r.k > 0 else Draft([]) for r in requests]
+
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
+        pass  # the target's features (feed) are all the head needs
+
+    def release(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    # ------------------------------------------------------------ drafting
+
+    def _one(self, r: DraftRequest) -> Draft:
+        s = self._seqs.get(r.seq_id)
+        n = len(r.tokens)  # the pending token r.tokens[-1] sits at position n - 1
+        if s is None or s.g_start + s.g_n < n - 1 or n < 2:
+            return Draft([])  # no features up to the pending token's predecessor
+        head = self.head
+        if s.cache is None:
+            s.cache = head.new_cache(max(256, s.g_n + 64), start=s.g_start)
+        c = s.cache
+        first, last = c.start + c.n, n - 2  # true entries still to add: positions first..last
+        if first <= last:
+            toks = torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64)  # x_{t+1}
+            s.last_h = head.extend(c, s.g[first - s.g_start : last - s.g_start + 1], toks)
+        elif first != last + 1 or s.last_h is None:
+            return Draft([])
+        true_n = c.n
+        p = r.params
+        ids: list[int] = []
+        h = s.last_h
+        assert h is not None
+        try:
+            for i in range(r.k):
+                if i:
+                    h = head.extend(c, h[None], torch.tensor([ids[-1]]))
+                logits = head.logits(h)  # [Vs]
+                if p.greedy or r.uniforms is None:
+                    j = int(logits.argmax())
+                else:  # the token the target's own draw (u_sample of row i) picks if p were q
+                    q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, Vs]
+                    j = int(sample_from_probs(q, r.uniforms[i : i + 1, 1]))
+                ids.append(int(head.vocab_ids[j]))
+        finally:
+            head.truncate(c, true_n)  # draft entries never stay
+        return Draft(ids)
+
+
+def shipped_head(target: LoadedModel) -> Path | None:
+    """The head shipped with the package for this target (matched by its fingerprint), if any."""
+    root = Path(str(resources.files("draftgate.data"))) / "heads"
+    if not root.is_dir():
+        return None
+    for folder in sorted(p for p in root.iterdir() if (p / "head.json").is_file()):
+        try:
+            check_target(json.loads((folder / "head.json").read_text()), target.config, target.weights, str(folder))
+        except (ModelLoadError, ValueError):
+            continue
+        return folder
+    return None
+
+
+def load_head(path: str | Path | None, target: LoadedModel) -> EagleHead:
+    """A head folder (None: the one shipped for this target); refused, with the reason, for another target."""
+    folder = Path(path) if path is not None else shipped_head(target)
+    if folder is None:
+        raise ModelLoadError(
+            f"no draft head is shipped for {target.source}: train one with `draftgate distill --kind eagle "
+            "--out DIR` and pass --draft-head DIR"
+        )
+    return EagleHead.load(folder, target.config, target.weights)

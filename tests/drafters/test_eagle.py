@@ -1,0 +1,83 @@
+"""The eagle drafter on the tiny model: fed by the target, drafts chains, couples sampling drafts, cleans up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftgate.drafters.base import DraftRequest
+from draftgate.drafters.eagle import EagleDrafter
+from draftgate.engine.engine import Engine
+from draftgate.engine.local_target import LocalTarget
+from draftgate.models.eagle import EagleHead, default_feature_layers
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ModelRunner
+from draftgate.types import SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=16)
+
+
+def _drafter(tiny_model: LoadedModel) -> EagleDrafter:
+    torch.manual_seed(0)
+    cfg = tiny_model.config
+    head = EagleHead(cfg, default_feature_layers(cfg.num_layers), torch.arange(cfg.vocab_size))
+    head.attach_target(tiny_model.weights).init_weights(tiny_model.weights)
+    return EagleDrafter(head)
+
+
+def test_drafts_need_the_targets_features(tiny_model: LoadedModel) -> None:
+    d = _drafter(tiny_model)
+    C = tiny_model.config.hidden_size
+    nF = len(d.feature_layers)
+    req = DraftRequest(7, [5, 6, 7, 8], 3, GREEDY)
+    assert d.propose([req])[0].token_ids == []  # nothing fed yet
+    d.feed(7, 0, torch.randn(2, nF, C))  # positions 0, 1: not yet up to position 2 (before the pending 8)
+    assert d.propose([req])[0].token_ids == []
+    d.feed(7, 2, torch.randn(1, nF, C))
+    first = d.propose([req])[0].token_ids
+    assert len(first) == 3 and all(0 <= t < tiny_model.config.vocab_size for t in first)
+    assert d.propose([req])[0].token_ids == first  # drafting left no entries behind
+    assert d.propose([DraftRequest(7, [5, 6, 7, 8], 0, GREEDY)])[0].token_ids == []
+    d.release(7)
+    assert d.propose([req])[0].token_ids == []
+
+
+def test_sampling_drafts_are_coupled_to_the_targets_uniforms(tiny_model: LoadedModel) -> None:
+    """One-hot guesses from the target's own uniforms: the same uniforms, the same draft."""
+    d = _drafter(tiny_model)
+    C, nF = tiny_model.config.hidden_size, len(d.feature_layers)
+    d.feed(1, 0, torch.randn(4, nF, C))
+    hot = SamplingParams(temperature=1.5, max_new_tokens=16, seed=3)
+    g = torch.Generator().manual_seed(0)
+    drafts = []
+    for _ in range(6):
+        u = torch.rand(5, 2, generator=g, dtype=torch.float64)
+        a = d.propose([DraftRequest(1, [1, 2, 3, 4, 5], 4, hot, u)])[0]
+        b = d.propose([DraftRequest(1, [1, 2, 3, 4, 5], 4, hot, u.clone())])[0]
+        assert a.q is None and a.token_ids == b.token_ids and len(a.token_ids) == 4
+        drafts.append(tuple(a.token_ids))
+    assert len(set(drafts)) > 1  # the guess follows the uniforms
+
+
+def test_the_engine_feeds_it_and_refuses_a_target_without_features(tiny_model: LoadedModel) -> None:
+    runner = ModelRunner(tiny_model, num_blocks=64)
+    d = _drafter(tiny_model)
+    eng = Engine(runner, d, k=3, max_batch=2).start()
+    try:
+        res = eng.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True))
+        plain = Engine(ModelRunner(tiny_model, num_blocks=64), None, k=0).start()
+        try:
+            assert res.token_ids == plain.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
+        finally:
+            plain.shutdown()
+        assert res.stats.draft_tokens > 0
+    finally:
+        eng.shutdown()
+    assert d._seqs == {}  # released with the request
+    assert isinstance(eng.target, LocalTarget) and eng.target.tap is d
+
+    class NotLocal:  # what the engine sees of any target that is not our runner here (gRPC, HTTP)
+        tokenizer = tiny_model.tokenizer
+
+    with pytest.raises(ValueError, match="hidden states"):
+        Engine(NotLocal(), _drafter(tiny_model), k=3)  # type: ignore[arg-type]
