@@ -145,7 +145,7 @@ SHORT = "What is the capital of France? Answer briefly."
 REAL_PROMPTS = [GROUNDED, CODE, CHAT, SHORT]
 REAL_NEW = 24
 BATCH_NEW = 16  # the 12-config batch matrix: greedy, so plain's first 16 tokens
-SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO]
+SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO, DrafterKind.EAGLE]  # auto and eagle: the shipped head
 KS: list[int | None] = [1, 4, 8, None]
 
 
@@ -218,6 +218,29 @@ def test_real_greedy_alone_equals_plain(
     assert grounded.stats.acceptance_rate > 0 and grounded.stats.mean_accepted_length > 1.0
 
 
+@pytest.mark.real_model
+@pytest.mark.parametrize("k", KS, ids=_kid)
+@pytest.mark.parametrize("kind", [DrafterKind.EAGLE, DrafterKind.AUTO], ids=lambda d: d.value)
+def test_real_head_alone_equals_plain_on_every_prompt(
+    real_engine: Engine,
+    real_model: LoadedModel,
+    real_ids: dict[str, list[int]],
+    real_plain: dict[str, list[int]],
+    kind: DrafterKind,
+    k: int | None,
+) -> None:
+    """Batch 1 with the draft head shipped for SmolLM2 (issue 13): greedy, token for token, and it drafts."""
+    params = SamplingParams(max_new_tokens=REAL_NEW)
+    with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+        for p in REAL_PROMPTS:
+            got = eng.complete(real_ids[p], params)
+            assert got.token_ids == real_plain[p], f"prompt {p[:30]!r} diverged from plain decoding"
+        chat = eng.complete(real_ids[CHAT], params).stats
+    assert eng.stats.accepted_tokens > 0
+    if kind == DrafterKind.EAGLE and k != 0:
+        assert chat.draft_tokens > 0 and chat.accepted_tokens > 0, chat  # the head drafts open chat too
+
+
 @pytest.fixture(scope="module")
 def real_bf16_engine(real_model: LoadedModel) -> Iterator[Engine]:
     """Plain decoding on SmolLM2 with bfloat16 weights (the native kernels compute in float32)."""
@@ -256,7 +279,7 @@ def test_real_seeded_sampling_speculative_equals_plain(
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=11, max_new_tokens=REAL_NEW)
     prompts = [real_ids[GROUNDED], real_ids[CODE]]
     plain = [real_engine.complete(ids, params).token_ids for ids in prompts]
-    for kind, k in [(DrafterKind.NGRAM, 4), (DrafterKind.AUTO, None)]:
+    for kind, k in [(DrafterKind.NGRAM, 4), (DrafterKind.AUTO, None), (DrafterKind.EAGLE, 4), (DrafterKind.EAGLE, None)]:
         with running(spec_engine(real_engine, real_model, kind, k)) as eng:
             res = run_batch(eng, prompts, params)
         assert [r.token_ids for r in res] == plain, f"{kind.value} K={k} changed the seeded sample"
