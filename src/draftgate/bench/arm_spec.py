@@ -5,7 +5,9 @@ Arm names on the command line:
 - ``plain`` (the engine with drafter none), ``ngram``, ``suffix``, ``auto``,
   ``model``, ``quant``, each optionally with ``:k=N`` or ``:k=auto``
   (e.g. ``ngram:k=4``; without it K is adaptive); ``model`` and ``auto`` also take
-  ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side);
+  ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side),
+  ``eagle`` and ``auto`` take ``:head=DIR`` or ``:head=none`` (a draft head for this arm; none:
+  auto without the head shipped for the model);
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
@@ -61,6 +63,7 @@ class ArmSpec:
     url: str | None = None  # openai arms: base URL ending in /v1
     served_model: str | None = None  # openai arms: the "model" field (None: ask /v1/models)
     draft_model: str | None = None  # engine arms: this arm's --draft-model
+    draft_head: str | None = None  # engine arms: this arm's --draft-head (DIR or "none")
 
     @property
     def sequential(self) -> bool:
@@ -87,23 +90,27 @@ class Arm(Protocol):
     def close(self) -> None: ...
 
 
-def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None]:
-    """``k=N`` / ``k=auto`` and ``draft=DIR``, separated by ':'."""
-    k, draft = None, None
+def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | None]:
+    """``k=N`` / ``k=auto``, ``draft=DIR`` and ``head=DIR|none``, separated by ':'."""
+    k, draft, head = None, None, None
     for opt in opts.split(":"):
         if opt.startswith("draft="):
             draft = opt[len("draft=") :] or None
             if draft is None:
                 raise ArmError(f"arm {name!r}: draft= needs a model folder or file")
+        elif opt.startswith("head="):
+            head = opt[len("head=") :] or None
+            if head is None:
+                raise ArmError(f"arm {name!r}: head= needs a head folder or 'none'")
         else:
             k = _parse_k(name, opt)
-    return k, draft
+    return k, draft, head
 
 
 def _parse_k(name: str, opt: str) -> int | None:
     key, _, val = opt.partition("=")
     if key != "k" or not val:
-        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N, :k=auto or :draft=DIR)")
+        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N, :k=auto, :draft=DIR or :head=DIR)")
     if val == "auto":
         return None
     if not val.isdigit():
@@ -129,16 +136,18 @@ def parse_arm(text: str) -> ArmSpec:
             served_model=model,
         )
     base, _, opt = name.partition(":")
-    k, draft = _parse_opts(name, opt) if opt else (None, None)
+    k, draft, head = _parse_opts(name, opt) if opt else (None, None, None)
     if draft is not None and base not in ("model", "auto"):
         raise ArmError(f"arm {name!r}: only the model and auto arms take draft=DIR")
+    if head is not None and base not in ("eagle", "auto"):
+        raise ArmError(f"arm {name!r}: only the eagle and auto arms take head=DIR")
     if base in _ENGINE_NAMES:
         drafter = _ENGINE_NAMES[base]
         if drafter == DrafterKind.NONE:
             if opt:
                 raise ArmError(f"arm {name!r}: plain decoding takes no K")
             k = 0
-        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k, draft_model=draft)
+        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k, draft_model=draft, draft_head=head)
     if base == ArmKind.HF_LOOKUP.value:
         return ArmSpec(name, ArmKind.HF_LOOKUP, k=HF_LOOKUP_DEFAULT if k is None else k)
     if base in (ArmKind.HF.value, ArmKind.LLAMACPP.value) and not opt:

@@ -57,6 +57,8 @@ def _engine_arm(spec: ArmSpec, base: EngineConfig, loaded: LoadedModel) -> Engin
     cfg = replace(base, drafter=spec.drafter, k=spec.k, k_max=k_max)
     if spec.draft_model is not None:
         cfg = replace(cfg, draft_model=spec.draft_model)
+    if spec.draft_head is not None:
+        cfg = replace(cfg, draft_head=spec.draft_head)
     try:
         engine = build_engine(cfg.validate(), loaded=loaded)
     except (ImportError, ValueError) as e:
