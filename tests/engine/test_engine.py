@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.drafters.eagle import shipped_head
 from draftgate.engine import Chunk, DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.factory import build_drafter
 from draftgate.errors import BadRequestError, CapacityError
@@ -112,10 +113,10 @@ def assert_no_leaks(engine: Engine) -> None:
 
 
 def spec_engine(
-    base: Engine, loaded: LoadedModel, kind: DrafterKind, k: int | None, k_max: int = 8
+    base: Engine, loaded: LoadedModel, kind: DrafterKind, k: int | None, k_max: int = 8, draft_head: str | None = None
 ) -> Engine:
     """An engine with drafter `kind` and K over base's runner (what build_engine does, minus the weights copy)."""
-    cfg = EngineConfig(drafter=kind, k=k, k_max=k_max).validate()
+    cfg = EngineConfig(drafter=kind, k=k, k_max=k_max, draft_head=draft_head).validate()
     drafter = build_drafter(cfg, loaded)
     return Engine(
         base.runner, drafter, k=cfg.k if drafter else 0, k_max=cfg.k_max, max_batch=base.max_batch
@@ -145,7 +146,7 @@ SHORT = "What is the capital of France? Answer briefly."
 REAL_PROMPTS = [GROUNDED, CODE, CHAT, SHORT]
 REAL_NEW = 24
 BATCH_NEW = 16  # the 12-config batch matrix: greedy, so plain's first 16 tokens
-SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO, DrafterKind.EAGLE]  # auto and eagle: the shipped head
+SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO, DrafterKind.EAGLE]  # eagle: the shipped head
 KS: list[int | None] = [1, 4, 8, None]
 
 
@@ -231,7 +232,8 @@ def test_real_head_alone_equals_plain_on_every_prompt(
 ) -> None:
     """Batch 1 with the draft head shipped for SmolLM2 (issue 13): greedy, token for token, and it drafts."""
     params = SamplingParams(max_new_tokens=REAL_NEW)
-    with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+    head = str(shipped_head(real_model))
+    with running(spec_engine(real_engine, real_model, kind, k, draft_head=head)) as eng:
         for p in REAL_PROMPTS:
             got = eng.complete(real_ids[p], params)
             assert got.token_ids == real_plain[p], f"prompt {p[:30]!r} diverged from plain decoding"
@@ -279,8 +281,9 @@ def test_real_seeded_sampling_speculative_equals_plain(
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=11, max_new_tokens=REAL_NEW)
     prompts = [real_ids[GROUNDED], real_ids[CODE]]
     plain = [real_engine.complete(ids, params).token_ids for ids in prompts]
+    head = str(shipped_head(real_model))  # auto with the draft head too (eagle takes it by default)
     for kind, k in [(DrafterKind.NGRAM, 4), (DrafterKind.AUTO, None), (DrafterKind.EAGLE, 4), (DrafterKind.EAGLE, None)]:
-        with running(spec_engine(real_engine, real_model, kind, k)) as eng:
+        with running(spec_engine(real_engine, real_model, kind, k, draft_head=head)) as eng:
             res = run_batch(eng, prompts, params)
         assert [r.token_ids for r in res] == plain, f"{kind.value} K={k} changed the seeded sample"
         assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"

@@ -39,7 +39,7 @@ def test_target_and_drafter_specs() -> None:
     assert parse_drafter("http://h:9").url == "http://h:9"
     d = parse_drafter("llamacpp+http://h:9", 0.3)
     assert (d.kind, d.url, d.timeout_s, d.text) == ("llamacpp", "http://h:9", 0.3, "llamacpp+http://h:9")
-    for bad in ("eagle", "llamacpp+http://h", "https//x"):
+    for bad in ("medusa", "llamacpp+http://h", "https//x"):
         with pytest.raises(ValueError):
             parse_drafter(bad)
 

@@ -60,7 +60,7 @@ def test_toml_routes() -> None:
 
 
 BAD_YAML: list[tuple[str, str, str]] = [
-    ("routes:\n  - name: a\n    drafter: eagle\n", "r.yaml:3", "unknown drafter 'eagle'"),
+    ("routes:\n  - name: a\n    drafter: medusa\n", "r.yaml:3", "unknown drafter 'medusa'"),
     ("routes:\n  - name: a\n    k: -1\n", "r.yaml:3", "k must be in"),
     ("routes:\n  - name: a\n    k: four\n", "r.yaml:3", "'k' must be an integer or 'auto'"),
     ("routes:\n  - name: a\n    k_max: 99\n", "r.yaml:3", "k_max must be in"),

@@ -68,7 +68,7 @@ def test_serve_routes_file(captured_app: dict[str, Any], tiny_model_dir: Path, t
 @pytest.mark.parametrize(
     "files,args,why",
     [
-        ({"r.yaml": "routes:\n  - name: a\n    drafter: eagle\n"}, ["--routes", "r.yaml"], "r.yaml:3: route 'a': unknown drafter"),
+        ({"r.yaml": "routes:\n  - name: a\n    drafter: medusa\n"}, ["--routes", "r.yaml"], "r.yaml:3: route 'a': unknown drafter"),
         ({"r.yaml": "routes: [\n"}, ["--routes", "r.yaml"], "invalid YAML"),
         ({}, ["--routes", "nope.yaml"], "cannot read the routes file"),
         ({"k": "# none\n"}, ["--api-keys-file", "k"], "holds no keys"),

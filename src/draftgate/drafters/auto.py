@@ -1,8 +1,7 @@
 """`auto`: free lookup drafts (suffix + n-gram) first, a model draft where lookup finds nothing.
 
-With the draft head shipped for the target (drafters/eagle.py; the factory adds it by default),
-the head is the model: it drafts where lookup proposes too little, and wherever its recent
-accepted tokens a round on the request beat lookup's.
+With ``--draft-head DIR`` the model is a draft head on the target's hidden states
+(drafters/eagle.py), under the same rules.
 
 The goodput controller (engine.controller) chooses K per request from measured
 acceptance and costs, down to 0; this class picks the draft *source* per request
@@ -39,7 +38,6 @@ class _ModelUse:
 
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
     lookup_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=8))
-    model_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=8))
     skip: int = 0  # rounds left before the model is tried again
     backoff: int = 4
     last_was_model: bool = False
@@ -54,18 +52,6 @@ class _ModelUse:
             return False
         return sum(self.lookup_accepted) / len(self.lookup_accepted) < 1.0
 
-    def head_is_better(self, lookup_len: int) -> bool:
-        """For a draft head (a few % of a target step): the source expected to be accepted more.
-
-        Lookup's expectation is its recent accepted tokens a round on this request (before it has
-        any, its draft's length: a fresh match is worth a try); the head's, its own (1 before any).
-        """
-        lk = self.lookup_accepted
-        e_lookup = sum(lk) / len(lk) if len(lk) >= 2 else float(lookup_len)
-        md = self.model_accepted
-        e_head = sum(md) / len(md) if md else 1.0
-        return e_head > e_lookup
-
 
 class AutoDrafter:
     name = "auto"
@@ -78,10 +64,7 @@ class AutoDrafter:
         # A model that reads the target's hidden states (the eagle head): the target feeds it through us.
         self.feature_layers: tuple[int, ...] = tuple(getattr(model, "feature_layers", ()))
         self._min_lookup = min_lookup
-        # A draft head is cheap, so it competes with lookups on expected accepted tokens and backs
-        # off only when it is nearly useless; a separate draft model must earn its cost first.
-        self._head = bool(self.feature_layers)
-        self._min_rate = min_model_rate if not self._head else min(min_model_rate, 0.15)
+        self._min_rate = min_model_rate
         self._use: dict[int, _ModelUse] = {}
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -95,8 +78,7 @@ class AutoDrafter:
             use = self._use.setdefault(r.seq_id, _ModelUse())
             use.last_was_model = False
             short = len(d.token_ids) < min(self._min_lookup, r.k)
-            better = use.head_is_better(len(d.token_ids)) if self._head else use.lookup_is_worse()
-            if r.k > 0 and (short or better):
+            if r.k > 0 and (short or use.lookup_is_worse()):
                 if use.skip > 0:
                     use.skip -= 1
                 else:
@@ -121,7 +103,6 @@ class AutoDrafter:
             use.lookup_accepted.append(num_accepted)
             return
         self._model.observe(seq_id, tokens, num_drafted, num_accepted)
-        use.model_accepted.append(num_accepted)
         use.rates.append(num_accepted / num_drafted)
         if len(use.rates) >= 4 and sum(use.rates) / len(use.rates) < self._min_rate:
             use.skip, use.backoff = use.backoff, min(use.backoff * 2, 256)

@@ -68,23 +68,24 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
 
 
 def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) -> Drafter | None:
-    """auto adds a model drafter: --draft-model when given, else the draft head shipped for the target.
+    """auto adds a model drafter: --draft-model, or a draft head when --draft-head DIR is given.
 
-    The head (drafters/eagle.py) needs the target's hidden states, so only with the embedded target;
-    ``--draft-head none`` leaves it out. Not llama.cpp on its own any more (it was auto's default
-    draft while the target was 3-5x slower): against the native target a Q4 llama.cpp draft step
-    costs half a target step, and on open prompts auto with it ran at 0.78-1.01x of plain
-    (docs/BENCHMARKS.md, issue 12). ``--drafter quant`` still runs it on purpose.
+    Not the head shipped for the model by default: measured on the held-out prompts, auto with it
+    ran at 1.11x of plain against 1.28x without it (docs/BENCHMARKS.md, issue 13). The head needs
+    the target's hidden states, so only with the embedded target. Not llama.cpp on its own any more
+    (it was auto's default draft while the target was 3-5x slower): against the native target a Q4
+    llama.cpp draft step costs half a target step, and on open prompts auto with it ran at
+    0.78-1.01x of plain (docs/BENCHMARKS.md, issue 12). ``--drafter quant`` still runs it on purpose.
     """
     if cfg.draft_model:
         return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
-    if not features or cfg.draft_head == "none":
+    if cfg.draft_head in (None, "none"):
         return None
-    if cfg.draft_head is None:
-        from draftgate.drafters.eagle import shipped_head
-
-        if shipped_head(target) is None:
-            return None
+    if not features:
+        raise ModelLoadError(
+            "--draft-head: a draft head reads the target's hidden states, which only the embedded target gives; "
+            "drop --draft-head for auto on a remote target"
+        )
     return _eagle(cfg, target)
 
 

@@ -98,8 +98,8 @@ class LocalTarget:
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
         # 2. One batched forward over [pending, drafts...] per sequence.
         items = [ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
-        layers = self.tap.feature_layers if self.tap is not None else ()
-        out = self.runner.forward_flat(items, layers)  # logits [sum(k_i + 1), V], argmax (-1: not finite)
+        # logits [sum(k_i + 1), V], argmax (-1: not finite), and the tap's features when one reads them
+        out = self.runner.forward_flat(items) if self.tap is None else self.runner.forward_flat(items, self.tap.feature_layers)
         # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
         bounds, start = [], 0
         for it in items:
