@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 13: the draft head against plain decoding and against auto without it, side by side
+# Issue 13: the draft head against plain decoding, and auto with it against auto without it, side by side
 # (arms interleaved window by window in one warm process, medians over runs; greedy).
 #   bash benchmarks/eagle_bench.sh [OUT]   (about 25 minutes on a 2-core CPU)
 set -euo pipefail
 OUT=${1:-bench-eagle}
 DG=${DG:-.venv/bin/draftgate}
-ARMS=plain,eagle,auto,auto:head=none
+ARMS=plain,eagle,auto,auto:head=src/draftgate/data/heads/smollm2-135m  # auto: no head unless given
 # Held-out prompts: open chat, writing, QA, translation (open-ended) and the grounded categories.
 $DG bench --prompts benchmarks/prompts/heldout.jsonl --arms $ARMS --runs 3 --max-new-tokens 128 \
     --no-plots --out "$OUT/heldout"
