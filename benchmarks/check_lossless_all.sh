@@ -17,7 +17,7 @@ run() {  # name, args...
 : > "$OUT/summary.txt"
 for s in "${SETS[@]}"; do
   set_name=${s%%:*}; set_args=${s#*:}
-  for d in none ngram suffix auto; do
+  for d in none ngram suffix auto eagle; do
     run "embedded-$d-$set_name" --drafter "$d" $set_args
   done
   run "embedded-ngram-k8-$set_name" --drafter ngram --k 8 $set_args
