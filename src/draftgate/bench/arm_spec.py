@@ -6,8 +6,7 @@ Arm names on the command line:
   ``model``, ``quant``, each optionally with ``:k=N`` or ``:k=auto``
   (e.g. ``ngram:k=4``; without it K is adaptive); ``model`` and ``auto`` also take
   ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side),
-  ``eagle`` and ``auto`` take ``:head=DIR`` or ``:head=none`` (a draft head for this arm; none:
-  auto without the head shipped for the model);
+  ``eagle`` and ``auto`` take ``:head=DIR`` (a draft head for this arm; auto has none without it);
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
@@ -63,7 +62,7 @@ class ArmSpec:
     url: str | None = None  # openai arms: base URL ending in /v1
     served_model: str | None = None  # openai arms: the "model" field (None: ask /v1/models)
     draft_model: str | None = None  # engine arms: this arm's --draft-model
-    draft_head: str | None = None  # engine arms: this arm's --draft-head (DIR or "none")
+    draft_head: str | None = None  # engine arms: this arm's --draft-head
 
     @property
     def sequential(self) -> bool:
@@ -101,7 +100,7 @@ def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | Non
         elif opt.startswith("head="):
             head = opt[len("head=") :] or None
             if head is None:
-                raise ArmError(f"arm {name!r}: head= needs a head folder or 'none'")
+                raise ArmError(f"arm {name!r}: head= needs a head folder")
         else:
             k = _parse_k(name, opt)
     return k, draft, head

@@ -53,7 +53,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
     g.add_argument(
         "--draft-head",
         default=None,
-        metavar="DIR|none",
+        metavar="DIR",
         help="draft head folder (`draftgate distill --kind eagle`): --drafter eagle uses it (default: the head "
         "shipped for the model, if any); auto adds it where lookup finds too little (default: none)",
     )

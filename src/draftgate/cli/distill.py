@@ -135,66 +135,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(a: argparse.Namespace) -> int:
+    common = {k: getattr(a, k) for k in ("target", "data", "out", "alpha", "max_new_tokens", "max_len", "top_k",
+                                         "seed", "checkpoint_every", "max_minutes", "resume")}  # fmt: skip
+    pick = lambda v, model, eagle: (eagle if a.kind == "eagle" else model) if v is None else v  # noqa: E731
+    sizes = {"vocab_subset": pick(a.vocab_subset, 8192, 4096), "steps": pick(a.steps, 300, 1000),
+             "batch": pick(a.batch, 16, 12), "lr": pick(a.lr, 3e-4, 2e-3)}  # fmt: skip
     if a.kind == "eagle":
-        return _run_eagle(a)
-    from draftgate.train.distill import DistillConfig, distill
+        from draftgate.train.eagle import EagleConfig, train_eagle
 
-    cfg = DistillConfig(
-        target=a.target,
-        data=a.data,
-        out=a.out,
-        layers=a.layers,
-        hidden=a.hidden,
-        vocab_subset=8192 if a.vocab_subset is None else a.vocab_subset,
-        steps=300 if a.steps is None else a.steps,
-        batch=16 if a.batch is None else a.batch,
-        lr=3e-4 if a.lr is None else a.lr,
-        temperature=a.temperature,
-        alpha=a.alpha,
-        max_new_tokens=a.max_new_tokens,
-        max_len=a.max_len,
-        top_k=a.top_k,
-        seed=a.seed,
-        checkpoint_every=a.checkpoint_every,
-        max_minutes=a.max_minutes,
-        resume=a.resume,
-    ).validate()
-    report = distill(cfg, log=(lambda s: None) if a.json else print)
+        cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
+                            feature_noise=a.feature_noise, weight_decay=a.weight_decay).validate()  # fmt: skip
+        report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)
+    else:
+        from draftgate.train.distill import DistillConfig, distill
+
+        cfg = DistillConfig(**common, **sizes, layers=a.layers, hidden=a.hidden, temperature=a.temperature).validate()
+        report = distill(cfg, log=(lambda s: None) if a.json else print)
     if a.json:
-        d = asdict(report)
-        d["losses"] = d["losses"][-5:]
-        print(json.dumps(d))
-    return 0
-
-
-def _run_eagle(a: argparse.Namespace) -> int:
-    from draftgate.train.eagle import EagleConfig, train_eagle
-
-    cfg = EagleConfig(
-        target=a.target,
-        data=a.data,
-        out=a.out,
-        eval_data=a.eval_data,
-        vocab_subset=4096 if a.vocab_subset is None else a.vocab_subset,
-        steps=1000 if a.steps is None else a.steps,
-        batch=12 if a.batch is None else a.batch,
-        lr=2e-3 if a.lr is None else a.lr,
-        alpha=a.alpha,
-        rollout=a.rollout,
-        rollout_warmup=a.rollout_warmup,
-        feature_noise=a.feature_noise,
-        weight_decay=a.weight_decay,
-        max_new_tokens=a.max_new_tokens,
-        max_len=a.max_len,
-        top_k=a.top_k,
-        seed=a.seed,
-        checkpoint_every=a.checkpoint_every,
-        max_minutes=a.max_minutes,
-        resume=a.resume,
-    ).validate()
-    report = train_eagle(cfg, log=(lambda s: None) if a.json else print)
-    if a.json:
-        d = asdict(report)
+        d = asdict(report)  # type: ignore[call-overload]
         d["losses"] = d["losses"][-5:]
         print(json.dumps(d))
     return 0

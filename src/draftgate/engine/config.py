@@ -58,8 +58,6 @@ class EngineConfig:
             raise ValueError(f"k must be in [0, k_max={self.k_max}] or auto, got {self.k}")
         if self.drafter == DrafterKind.MODEL and not self.draft_model:
             raise ValueError("drafter 'model' needs --draft-model PATH (a Llama-family model with the same tokenizer)")
-        if self.drafter == DrafterKind.EAGLE and self.draft_head == "none":
-            raise ValueError("drafter 'eagle' needs a draft head: --draft-head DIR, or the one shipped for the model")
         if not isinstance(self.kernels, Kernels):
             raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
         if self.dtype not in DTYPES:

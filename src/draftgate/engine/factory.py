@@ -79,7 +79,7 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
     """
     if cfg.draft_model:
         return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
-    if cfg.draft_head in (None, "none"):
+    if cfg.draft_head is None:
         return None
     if not features:
         raise ModelLoadError(

@@ -149,7 +149,6 @@ class EagleHead(nn.Module):
         state = load_file(str(w_path))
         head = cls(tcfg, tuple(meta["feature_layers"]), state.pop("vocab_ids").long())
         head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-        head.meta = meta
         return head.attach_target(weights).eval()
 
     # ------------------------------------------------------------------ math

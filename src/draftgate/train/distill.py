@@ -36,7 +36,7 @@ from draftgate.train.data import (
 )
 from draftgate.train.student import DraftLM, draft_config, pick_layers
 
-__all__ = ["DistillConfig", "DistillReport", "distill", "agreement"]
+__all__ = ["DistillConfig", "DistillReport", "distill", "agreement", "warmup_cosine", "jsonable"]
 
 
 @dataclass(frozen=True)
@@ -214,14 +214,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
     model = DraftLM.from_target(target, dcfg, out_ids, layers)
     model.embed.weight.requires_grad_(dcfg.hidden_size != target.config.hidden_size)  # keep the target's
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    warm = max(1, min(20, cfg.steps // 10))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            min(1.0, (s + 1) / warm)
-            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, cfg.steps)))))
-        ),
-    )
+    sched = warmup_cosine(opt, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses = 0, []
     evals: list[tuple[int, float]] = []  # (step, held-out agreement)
@@ -300,10 +293,19 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
         losses=losses,
     )
     (cfg.out / "distill.json").write_text(
-        json.dumps({"config": _jsonable(asdict(cfg)), "report": asdict(report)}, indent=2)
+        json.dumps({"config": jsonable(asdict(cfg)), "report": asdict(report)}, indent=2)
     )
     log(f"agreement with the target on held-out continuations: {before:.1%} -> {after:.1%}; wrote {cfg.out}")
     return report
+
+
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over min(20, steps / 10) steps, then cosine decay to 10% of the peak at ``steps``."""
+    warm = max(1, min(20, steps // 10))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))),
+    )
 
 
 def _save_folder(out: Path, target: LoadedModel, model: DraftLM) -> None:
@@ -311,5 +313,5 @@ def _save_folder(out: Path, target: LoadedModel, model: DraftLM) -> None:
     target.tokenizer.save_hf(out)
 
 
-def _jsonable(d: dict) -> dict:
+def jsonable(d: dict) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from draftgate.models.eagle import EagleHead, default_feature_layers, target_fin
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.train.data import Example, build_corpus, choose_vocab_subset, read_records
+from draftgate.train.distill import jsonable, warmup_cosine
 
 __all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "teacher_states"]
 
@@ -170,9 +170,11 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
     w = torch.zeros(B, T + S)
     tv = torch.full((B, T + S, k), float("-inf"))
     ti = torch.zeros(B, T + S, k, dtype=torch.int64)
+    anchors = torch.zeros(B, T, dtype=torch.bool)  # rows that start a rollout (the window's own)
     for b, (s, (lo, hi)) in enumerate(zip(items, spans, strict=True)):
         n, m = s.feats.shape[0], hi - lo  # rows past the window's m anchors serve as later steps' targets
         feats[b, :m] = s.feats[lo:hi].float()
+        anchors[b, :m] = True
         end = min(n, lo + T + S)  # rows available for later rollout steps' targets
         r = end - lo
         nxt[b, :r] = s.tokens[lo + 1 : end + 1]
@@ -181,9 +183,6 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
         sub = sub_of[s.top_i[lo:end].long()]  # [r, k]
         tv[b, :r] = s.top_v[lo:end].float().masked_fill(sub < 0, float("-inf"))
         ti[b, :r] = sub.clamp(min=0)
-    anchors = torch.zeros(B, T, dtype=torch.bool)
-    for b, (lo, hi) in enumerate(spans):
-        anchors[b, : hi - lo] = True
     return {"feats": feats, "nxt": nxt, "tgt": tgt, "w": w, "tv": tv, "ti": ti, "anchors": anchors}
 
 
@@ -256,10 +255,7 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     head.init_weights(target.weights)
     head.feature_noise = cfg.feature_noise
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(1, min(20, cfg.steps // 10))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, cfg.steps)))))
-    )  # fmt: skip
+    sched = warmup_cosine(opt, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, evals = 0, [], []
     ckpt = cfg.out / "checkpoint.pt"
@@ -333,11 +329,7 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         agreement_per_step=[round(a, 4) for a in per_step], seconds_data=round(t_data, 1),
         seconds_train=round(t_train, 1), seconds_total=round(time.perf_counter() - t0, 1), evals=evals, losses=losses,
     )  # fmt: skip
-    (cfg.out / "distill.json").write_text(json.dumps({"config": _jsonable(asdict(cfg)), "report": asdict(report)}, indent=2))
+    (cfg.out / "distill.json").write_text(json.dumps({"config": jsonable(asdict(cfg)), "report": asdict(report)}, indent=2))
     log(f"head agreement with the target on held-out continuations: {before:.1%} -> {per_step[0]:.1%} "
         f"(rollout steps {', '.join(f'{a:.1%}' for a in per_step)}); wrote {cfg.out}")  # fmt: skip
     return report
-
-
-def _jsonable(d: dict) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
