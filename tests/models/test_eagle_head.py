@@ -65,3 +65,26 @@ def test_a_head_saves_loads_and_refuses_another_target(
         EagleHead.load(tmp_path / "h", other.config, other.weights)
     with pytest.raises(ModelLoadError, match="not a draft head folder"):
         EagleHead.load(tmp_path, tiny_model.config, tiny_model.weights)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dtype: torch.dtype) -> None:
+    """Drafting on the native pool: float32 storage gives torch's values, bfloat16 storage their rounding."""
+    from draftgate.models.native import load_library
+    from draftgate.paths import default_cache_dir
+
+    ref, nat = _head(tiny_model), _head(tiny_model).use_native(load_library(default_cache_dir()), dtype)
+    T, C = 9, tiny_model.config.hidden_size
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(T, len(ref.feature_layers), C, generator=g)  # [T, nF, C]
+    toks = torch.randint(0, tiny_model.config.vocab_size, (T,), generator=g)  # [T]
+    out = []
+    for head in (ref, nat):
+        cache = head.new_cache(4)
+        h = head.extend(cache, head.fused(feats), toks)  # [C]
+        h = head.extend(cache, h[None], toks[:1])  # one chain step on its own output
+        out.append(head.logits(h))  # [Vs]
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out[1], out[0], atol=tol * float(out[0].abs().max()), rtol=tol)
+    if dtype == torch.float32:
+        assert int(out[1].argmax()) == int(out[0].argmax())

@@ -57,3 +57,24 @@ def test_features_are_batch_invariant_and_cost_the_plain_path_nothing(tiny_model
     with pytest.raises(ValueError, match="feature layers"):
         _run(runner, PROMPT, 1, (L + 1,))
     runner.kv.check_no_leaks()
+
+
+@pytest.mark.parametrize("kernels", [Kernels.NATIVE, Kernels.TORCH])
+def test_feature_rows_need_not_be_logit_rows(tiny_model: LoadedModel, kernels: Kernels) -> None:
+    """A prefill wants every row's features and one row's logits: the same values as asking for all logits."""
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=8, kernels=kernels, enable_prefix_cache=False)
+    L, n = tiny_model.config.num_layers, len(PROMPT) - 1
+    every = _run(runner, PROMPT, n, (0, L))  # logits and features of all n rows
+    runner.prefill(0, PROMPT[:1])
+    runner.prefill(1, [2, 6])
+    items = [ForwardItem(0, PROMPT[1:], 1, n), ForwardItem(1, [3, 4, 5], 2)]  # the other item: its logit rows
+    try:
+        out = runner.forward_flat(items, (0, L))
+    finally:
+        runner.free(0)
+        runner.free(1)
+    assert out.features is not None and every.features is not None
+    assert out.logits.shape[0] == 3 and out.features.shape[:2] == (n + 2, 2)
+    torch.testing.assert_close(out.features[:n], every.features, rtol=0, atol=0 if kernels is Kernels.NATIVE else 1e-5)
+    torch.testing.assert_close(out.logits[0], every.logits[-1], rtol=0, atol=0 if kernels is Kernels.NATIVE else 1e-5)
+    runner.kv.check_no_leaks()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from draftgate.drafters import NgramDrafter, SuffixDrafter
 from draftgate.drafters.auto import AutoDrafter
 from draftgate.drafters.base import Drafter
@@ -11,7 +13,9 @@ from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Engine
 from draftgate.errors import ModelLoadError
 from draftgate.models.loader import LoadedModel, load_model
+from draftgate.models.native import load_library
 from draftgate.models.runner import Kernels, ModelRunner
+from draftgate.paths import default_cache_dir
 
 __all__ = ["build_engine", "build_drafter", "build_runner"]
 
@@ -40,7 +44,12 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel, features: bool = True)
 def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     from draftgate.drafters.eagle import EagleDrafter, load_head
 
-    return EagleDrafter(load_head(cfg.draft_head, target))
+    head = load_head(cfg.draft_head, target)
+    dtype = target.weights["model.embed_tokens.weight"].dtype
+    if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
+        # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md, issue 13).
+        head.use_native(load_library(cfg.cache_dir or default_cache_dir()))
+    return EagleDrafter(head)
 
 
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:

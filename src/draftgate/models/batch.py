@@ -21,7 +21,7 @@ class ForwardOutput:
 
     logits: torch.Tensor  # [R, V] float32
     argmax: torch.Tensor  # [R] int64 greedy choice (first maximum); -1 where a row holds a NaN or an inf
-    features: torch.Tensor | None = None  # [R, len(feature_layers), C] float32 when the batch asked for any
+    features: torch.Tensor | None = None  # [RF, len(feature_layers), C] float32 when the batch asked for any
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,11 @@ class RaggedBatch:
     logits_per_seq: list[int]  # [B] each in 1..new_lens[b]
     block_tables: list[list[int]]  # [B][ceil(ctx_lens[b] / block_size)]
     block_size: int
-    # Hidden states to return with the logit rows, computed anyway (draft heads read them): l < L is
-    # the residual stream after layer l, L the final normed hidden (what the LM head reads).
+    # Hidden states to return, computed anyway (draft heads read them): l < L is the residual stream
+    # after layer l, L the final normed hidden (what the LM head reads); for the last
+    # ``features_per_seq[b]`` rows of each sequence (None: its logit rows; RF = their sum).
     feature_layers: tuple[int, ...] = ()
+    features_per_seq: list[int] | None = None  # [B] each in 1..new_lens[b]
 
     @property
     def num_rows(self) -> int:
@@ -50,9 +52,16 @@ class RaggedBatch:
 
     def logit_rows(self) -> list[int]:
         """[R] the rows whose logits come back, sequence by sequence."""
+        return self._last_rows(self.logits_per_seq)
+
+    def feature_rows(self) -> list[int]:
+        """[RF] the rows whose features come back, sequence by sequence."""
+        return self._last_rows(self.logits_per_seq if self.features_per_seq is None else self.features_per_seq)
+
+    def _last_rows(self, per_seq: list[int]) -> list[int]:
         rows: list[int] = []
         start = 0
-        for n, r in zip(self.new_lens, self.logits_per_seq, strict=True):
+        for n, r in zip(self.new_lens, per_seq, strict=True):
             rows.extend(range(start + n - r, start + n))
             start += n
         return rows

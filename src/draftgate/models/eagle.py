@@ -16,7 +16,9 @@ for, and ``check_target`` refuses it for another model (``check-pair`` semantics
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,11 +28,14 @@ from torch import nn
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.native.build import NativeLib
+from draftgate.models.native_llama import PackedLinear
 
 __all__ = ["EagleHead", "HeadCache", "target_fingerprint", "check_target", "default_feature_layers", "FORMAT"]
 
 FORMAT = "draftgate-eagle-head/1"
-_PROBE_IDS = (0, 1, 2, 100, 1000)  # embedding rows whose sums identify the target's weights
+_PROBE_IDS = (0, 1, 2, 100, 1000)
+_MODULES = {"fuse": "fuse", "inp": "inp", "o": "o_proj", "down": "down_proj"}  # products with one weight  # embedding rows whose sums identify the target's weights
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -104,7 +109,8 @@ class EagleHead(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(tcfg), persistent=False)  # [D/2]
         self.embed: torch.Tensor | None = None  # [V, C] the target's, frozen (attach_target)
         self.out_rows: torch.Tensor | None = None  # [Vs, C] the target's output rows, frozen
-        self._fast: tuple[torch.Tensor, ...] | None = None
+        self._fast: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None  # drafting's products
+        self._native: tuple[NativeLib, torch.dtype] | None = None
         self.feature_noise = 0.0  # training only (train.eagle sets it)
 
     # ------------------------------------------------------------------ build
@@ -161,13 +167,13 @@ class EagleHead(nn.Module):
         f = feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + self.tcfg.rms_norm_eps)
         if self.training and self.feature_noise > 0:  # EAGLE's feature noise: the head must not trust them blindly
             f = f + self.feature_noise * torch.randn_like(f)
-        return self.fuse((f * self.norm_f).flatten(-2))
+        return self._lin("fuse", (f * self.norm_f).flatten(-2))
 
     def _input(self, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """(g [..., C], the next token ids [...]) -> the layer's input u [..., C]."""
         assert self.embed is not None, "attach_target first"
         e = self.embed[tokens]  # [..., C]
-        return self.inp(torch.cat([self._rms(e, self.norm_e), self._rms(g, self.norm_g)], dim=-1))
+        return self._lin("inp", torch.cat([self._rms(e, self.norm_e), self._rms(g, self.norm_g)], dim=-1))
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] at positions pos [T]."""
@@ -186,11 +192,7 @@ class EagleHead(nn.Module):
         B, T, _ = u.shape
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         h = self._rms(u, self.norm_attn)
-        if self.training:
-            qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
-        else:  # one matmul (weights concatenated once)
-            qkv = F.linear(h, self._inference()[0])
-        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = self._lin("qkv", h).split([H * D, Hkv * D, Hkv * D], dim=-1)
         cos, sin = self._rope(pos)
         q = self._rotate(q.view(B, T, H, D).transpose(1, 2), cos, sin)
         k = self._rotate(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)
@@ -199,31 +201,59 @@ class EagleHead(nn.Module):
     def _finish(self, u: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Residual, MLP: u [B, T, C], attention output a [B, H, T, D] -> h [B, T, C]."""
         B, T, _ = u.shape
-        x = u + self.o_proj(a.transpose(1, 2).reshape(B, T, -1))
-        m = self._rms(x, self.norm_mlp)
-        if self.training:
-            return x + self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
-        gate, up = F.linear(m, self._inference()[1]).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
-
-    def _inference(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Concatenated q|k|v and gate|up weights for drafting (a frozen head: built once)."""
-        if self._fast is None:
-            with torch.no_grad():
-                self._fast = (
-                    torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).contiguous(),
-                    torch.cat([self.gate_proj.weight, self.up_proj.weight]).contiguous(),
-                )
-        return self._fast  # type: ignore[return-value]
-
-    def train(self, mode: bool = True) -> EagleHead:
-        self._fast = None  # weights may change
-        return super().train(mode)
+        x = u + self._lin("o", a.transpose(1, 2).reshape(B, T, -1))
+        gate, up = self._lin("gate_up", self._rms(x, self.norm_mlp)).chunk(2, dim=-1)
+        return x + self._lin("down", F.silu(gate) * up)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., C] -> logits over the subset [..., Vs]."""
         assert self.out_rows is not None, "attach_target first"
-        return F.linear(self._rms(h, self.norm_out), self.out_rows)
+        return self._lin("out", self._rms(h, self.norm_out))
+
+    # ------------------------------------------------------------- products
+
+    def use_native(self, lib: NativeLib, dtype: torch.dtype = torch.bfloat16) -> EagleHead:
+        """Draft with the products on the native kernels' pool, weights stored as ``dtype``.
+
+        Measured in the engine's thread (docs/BENCHMARKS.md, issue 13): torch's small GEMMs there
+        pay a thread wake-up each while the native pool spins, and bfloat16 halves the bytes a
+        step streams after the target's forward has evicted the head from the cache. Drafts are
+        verified, so the head's rounding changes acceptance at most, never the output.
+        """
+        self._native, self._fast = (lib, dtype), None
+        return self
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """Every product's weight [N, K], q|k|v and gate|up concatenated (one product each)."""
+        assert self.out_rows is not None, "attach_target first"
+        return {
+            "fuse": self.fuse.weight, "inp": self.inp.weight,
+            "qkv": torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+            "o": self.o_proj.weight, "gate_up": torch.cat([self.gate_proj.weight, self.up_proj.weight]),
+            "down": self.down_proj.weight, "out": self.out_rows,
+        }  # fmt: skip
+
+    def _lin(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Product ``name`` of x [..., K]: autograd's while training, the frozen drafting ones otherwise."""
+        if self.training:
+            if name == "qkv":
+                return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+            if name == "gate_up":
+                return torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+            return F.linear(x, self.out_rows) if name == "out" else getattr(self, _MODULES[name])(x)
+        if self._fast is None:  # a frozen head: built once
+            with torch.no_grad():
+                w = {k: v.detach().contiguous() for k, v in self._weights().items()}
+                if self._native is not None:
+                    lib, dtype = self._native
+                    self._fast = {k: PackedLinear(lib, v, dtype) for k, v in w.items()}
+                else:
+                    self._fast = {k: partial(F.linear, weight=v) for k, v in w.items()}
+        return self._fast[name](x)
+
+    def train(self, mode: bool = True) -> EagleHead:
+        self._fast = None  # weights may change
+        return super().train(mode)
 
     # -------------------------------------------------------------- training
 

@@ -174,7 +174,8 @@ class LlamaModel:
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self._rope(layout.positions)  # [N, 1, D]
         x = self.embed[tokens]  # [N, C]
-        feats: dict[int, torch.Tensor] = {}  # layer -> [R, C]
+        feats: dict[int, torch.Tensor] = {}  # layer -> [RF, C]
+        frows = torch.tensor(batch.feature_rows(), dtype=torch.int64, device=self.device) if batch.feature_layers else None  # [RF]
         for li, L in enumerate(self.layers):
             h = self._rms(x, L.attn_norm)
             qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
@@ -193,12 +194,12 @@ class LlamaModel:
             g, u = gu.chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)
             if li in batch.feature_layers:
-                feats[li] = x[layout.logit_rows].float()  # [R, C]
-        x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
+                feats[li] = x[frows].float()  # [RF, C]
         if len(self.layers) in batch.feature_layers:
-            feats[len(self.layers)] = x.float()
+            feats[len(self.layers)] = self._rms(x[frows], self.norm).float()  # [RF, C]
+        x = self._rms(x[layout.logit_rows], self.norm)  # [R, C]
         fl = batch.feature_layers
-        features = torch.stack([feats[f] for f in fl], dim=1) if fl else None  # [R, n, C]
+        features = torch.stack([feats[f] for f in fl], dim=1) if fl else None  # [RF, n, C]
         logits = self.lm_head(x).float()  # [R, V] (or [R, Vs] with a vocabulary subset)
         if self.out_ids is not None:
             full = logits.new_full((logits.shape[0], cfg.vocab_size), float("-inf"))  # [R, V]

@@ -29,7 +29,7 @@ from draftgate.models.config import ModelConfig, rope_inv_freq
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.native.build import NativeLib
 
-__all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "profile"]
+__all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "PackedLinear", "profile"]
 
 # Weight storage formats the kernels read (compute is float32 either way).
 NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -137,13 +137,16 @@ class NativeLlama:
         argmax = torch.empty(R, dtype=torch.int64)  # [R]
         feat_layers = torch.tensor(batch.feature_layers, dtype=torch.int32)  # [n_feat]
         n_feat = feat_layers.shape[0]
-        features = torch.empty(R, n_feat, self.cfg.hidden_size, dtype=torch.float32) if n_feat else None  # [R, n_feat, C]
+        feat_rows = _i64(batch.feature_rows()) if n_feat else None  # [RF]
+        RF = feat_rows.shape[0] if feat_rows is not None else 0
+        features = torch.empty(RF, n_feat, self.cfg.hidden_size, dtype=torch.float32) if n_feat else None  # [RF, n_feat, C]
         _, slots, Hkv, D = kv.v.shape
         rc = self.lib.cdll.dg_forward(
             self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
             len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
             kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
-            argmax.data_ptr(), n_feat, feat_layers.data_ptr() if n_feat else None,
+            argmax.data_ptr(), n_feat, feat_layers.data_ptr() if n_feat else None, RF,
+            feat_rows.data_ptr() if feat_rows is not None else None,
             features.data_ptr() if features is not None else None,
         )  # fmt: skip
         if rc != 0:
@@ -155,6 +158,35 @@ class NativeLlama:
         full[:, self.out_ids] = logits
         ids = torch.where(argmax >= 0, self.out_ids[argmax.clamp(min=0)], -1)  # [R] subset row -> token id
         return ForwardOutput(full, ids, features)
+
+
+class PackedLinear:
+    """``y = x @ W^T`` on the native pool, W packed once (float32, bfloat16 or float16 storage).
+
+    For small products run from the engine's thread (a draft head's step): torch's GEMM there pays
+    an OpenMP wake-up per call while the native pool spins (docs/BENCHMARKS.md, issue 12), and
+    bfloat16 storage halves the bytes a cold step streams.
+    """
+
+    def __init__(self, lib: NativeLib, w: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        if dtype not in NATIVE_DTYPES:
+            raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {dtype}")
+        w = w.detach().to(dtype).contiguous()  # [N, K]
+        self.N, self.K = w.shape
+        self.lib = lib
+        self._h = lib.cdll.dg_pack(w.data_ptr(), NATIVE_DTYPES[dtype], self.N, self.K)
+        if not self._h:
+            raise MemoryError(f"packing a [{self.N}, {self.K}] weight failed: {lib.cdll.dg_last_error().decode()}")
+        weakref.finalize(self, lib.cdll.dg_packed_free, self._h)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] float32."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.K).to(torch.float32).contiguous()  # [M, K]
+        y = torch.empty(x2.shape[0], self.N, dtype=torch.float32)  # [M, N]
+        if self.lib.cdll.dg_linear(self._h, x2.data_ptr(), x2.shape[0], y.data_ptr(), 0) != 0:
+            raise RuntimeError(f"native linear failed: {self.lib.cdll.dg_last_error().decode()}")
+        return y.view(*lead, self.N)
 
 
 def _free(c: ctypes.CDLL, model: int, packed: list[int]) -> None:

@@ -43,11 +43,16 @@ class Kernels(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ForwardItem:
-    """One sequence's part of a ragged forward: append ``tokens`` and return logits for the last ``num_logits``."""
+    """One sequence's part of a ragged forward: append ``tokens`` and return logits for the last ``num_logits``.
+
+    ``num_features``: when the forward returns features, those of the last ``num_features``
+    rows (None: of the logit rows).
+    """
 
     seq_id: int
     tokens: Sequence[int]
     num_logits: int = 1
+    num_features: int | None = None
 
 
 class ModelRunner:
@@ -122,9 +127,10 @@ class ModelRunner:
     def forward_flat(self, items: Sequence[ForwardItem], feature_layers: Sequence[int] = ()) -> ForwardOutput:
         """``forward`` with the logit rows of all items in one tensor [R, V], in order, and their argmax.
 
-        ``feature_layers`` (each in 0..L): hidden states of the logit rows returned with them,
-        ``[R, len(feature_layers), C]`` (l < L: the residual stream after layer l; L: the final
-        normed hidden) at no extra forward; empty (the default) is the plain path, unchanged.
+        ``feature_layers`` (each in 0..L): hidden states returned with the logits,
+        ``[RF, len(feature_layers), C]`` for each item's last ``num_features`` rows (default: its
+        logit rows; l < L: the residual stream after layer l; L: the final normed hidden) at no
+        extra forward; empty (the default) is the plain path, unchanged.
         """
         assert items, "empty forward"
         L = self.config.num_layers
@@ -134,6 +140,7 @@ class ModelRunner:
         try:
             for it in items:
                 assert 1 <= it.num_logits <= len(it.tokens), f"bad num_logits {it.num_logits}"
+                assert it.num_features is None or 1 <= it.num_features <= len(it.tokens), "bad num_features"
                 _, copies = self.kv.append_slots(it.seq_id, len(it.tokens))
                 reserved.append((it.seq_id, len(it.tokens)))
                 for c in copies:
@@ -146,6 +153,11 @@ class ModelRunner:
                 block_tables=[self.kv.block_table(it.seq_id) for it in items],
                 block_size=self.block_size,
                 feature_layers=tuple(feature_layers),
+                features_per_seq=(
+                    [it.num_logits if it.num_features is None else it.num_features for it in items]
+                    if any(it.num_features is not None for it in items)
+                    else None
+                ),
             )
             out = self.model.forward(batch, self.cache)  # type: ignore[arg-type]  # [R, V]
         except BaseException:
@@ -162,7 +174,9 @@ class ModelRunner:
         """``prefill`` that also returns the hidden states of the prompt positions it ran.
 
         Returns (logits [V] of the last prompt token, the first position run (the prefix cache
-        held the ones before), features [len(prompt) - start, len(feature_layers), C]).
+        held the ones before), features [len(prompt) - start, len(feature_layers), C]). Logits
+        are computed for each chunk's last row only (the LM head over every prompt row cost more
+        than the rest of a long prompt's prefill).
         """
         cached = self.add_sequence(seq_id, prompt)
         parts: list[torch.Tensor] = []
@@ -170,7 +184,7 @@ class ModelRunner:
         try:
             for s in range(cached, len(prompt), chunk):
                 piece = list(prompt[s : s + chunk])
-                out = self.forward_flat([ForwardItem(seq_id, piece, len(piece))], feature_layers)
+                out = self.forward_flat([ForwardItem(seq_id, piece, 1, len(piece))], feature_layers)
                 assert out.features is not None
                 parts.append(out.features)
                 logits = out.logits[-1]

@@ -58,9 +58,11 @@ struct Batch {  // one ragged forward, as the runner describes it
   const int64_t* logit_rows;  // [R]
   float* logits;              // [R, Vout]
   int64_t* argmax;            // [R] first index of each row's maximum; -1 if the row has a NaN or an inf
-  int n_feat;                 // features wanted per logit row (0: none, the plain path)
+  int n_feat;                 // features wanted per feature row (0: none, the plain path)
   const int32_t* feat_layers; // [n_feat] l < L: the residual stream after layer l; L: the final normed hidden
-  float* features;            // [R, n_feat, C]
+  int RF;                     // feature rows (a prefill wants every row's, the logits of its last only)
+  const int64_t* feat_rows;   // [RF]
+  float* features;            // [RF, n_feat, C]
 };
 
 // This thread's (max, first index) over columns [c0, c1) of a row, and whether it saw a non-finite value.
@@ -286,13 +288,12 @@ struct PhaseClock {
   }
 };
 
-// Copy this thread's logit rows of `src` ([rows, C], row index given by `row_of`) into feature slot j.
-template <typename RowOf>
-static void copy_features(const Batch& bt, int j, const float* src, int C, RowOf row_of, int tid, int nt) {
+// Copy this thread's feature rows of x ([N, C]) into feature slot j.
+static void copy_features(const Batch& bt, int j, const float* x, int C, int tid, int nt) {
   int ra, rb;
-  rows_of(bt.R, tid, nt, &ra, &rb);
+  rows_of(bt.RF, tid, nt, &ra, &rb);
   for (int r = ra; r < rb; r++)
-    std::memcpy(bt.features + (size_t(r) * bt.n_feat + j) * C, src + size_t(row_of(r)) * C, sizeof(float) * C);
+    std::memcpy(bt.features + (size_t(r) * bt.n_feat + j) * C, x + size_t(bt.feat_rows[r]) * C, sizeof(float) * C);
 }
 
 static void forward(const Model& m, const Batch& bt, int B) {
@@ -364,14 +365,20 @@ static void forward(const Model& m, const Batch& bt, int B) {
       clk.lap(P_DOWN);
       // x is next written by layer li + 1's o-projection, several barriers from here.
       for (int j = 0; j < bt.n_feat; j++)
-        if (bt.feat_layers[j] == li) copy_features(bt, j, x.data(), C, [&](int r) { return bt.logit_rows[r]; }, tid, nt);
+        if (bt.feat_layers[j] == li) copy_features(bt, j, x.data(), C, tid, nt);
     }
     int ra, rb;
     rows_of(bt.R, tid, nt, &ra, &rb);
     for (int r = ra; r < rb; r++)
       rmsnorm_row(&x[size_t(bt.logit_rows[r]) * C], m.final_norm, C, m.eps, &hf[size_t(r) * C]);
-    for (int j = 0; j < bt.n_feat; j++)  // this thread's own rows of hf: no barrier needed first
-      if (bt.feat_layers[j] == m.L) copy_features(bt, j, hf.data(), C, [](int r) { return r; }, tid, nt);
+    for (int j = 0; j < bt.n_feat; j++)  // the final normed hidden of this thread's feature rows (x is final)
+      if (bt.feat_layers[j] == m.L) {
+        int fa, fb;
+        rows_of(bt.RF, tid, nt, &fa, &fb);
+        for (int r = fa; r < fb; r++)
+          rmsnorm_row(&x[size_t(bt.feat_rows[r]) * C], m.final_norm, C, m.eps,
+                      bt.features + (size_t(r) * bt.n_feat + j) * C);
+      }
     B.wait();
     gemm(m.head, hf.data(), bt.R, C, bt.logits, m.head->N, false, tid, nt);
     B.wait();
@@ -483,7 +490,7 @@ void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
 int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq, int B,
                const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
                int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax, int n_feat,
-               const int32_t* feat_layers, float* features) {
+               const int32_t* feat_layers, int RF, const int64_t* feat_rows, float* features) {
   const Model& m = *static_cast<Model*>(mp);
   return guarded([&] {
     for (int i = 0; i < N; i++)
@@ -494,8 +501,12 @@ int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions,
       if (feat_layers[j] < 0 || feat_layers[j] > m.L)
         throw std::out_of_range("feature layer " + std::to_string(feat_layers[j]) + " is outside [0, " +
                                 std::to_string(m.L) + "]");
+    for (int r = 0; r < (n_feat > 0 ? RF : 0); r++)
+      if (feat_rows[r] < 0 || feat_rows[r] >= N)
+        throw std::out_of_range("feature row " + std::to_string(feat_rows[r]) + " is outside [0, " +
+                                std::to_string(N) + ")");
     Batch bt{N,  tokens, positions,    row_seq, tables,     table_off, block_size, kc,          vc,
-             layer_stride, R, logit_rows, logits, argmax, n_feat, feat_layers, features};
+             layer_stride, R, logit_rows, logits, argmax, n_feat, feat_layers, RF, feat_rows, features};
     forward(m, bt, B);
   });
 }
