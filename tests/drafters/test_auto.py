@@ -104,3 +104,17 @@ def test_auto_passes_the_targets_features_to_a_head() -> None:
     assert d.feature_layers == (1,) and AutoDrafter().feature_layers == ()
     d.feed(4, 10, object())
     assert m.fed == [(4, 10)]
+
+
+def test_source_names_the_rounds_drafter_and_propose_keeps_to_it() -> None:
+    """The engine asks which source drafts next (one controller each); propose then drafts from it."""
+    m = CountingDrafter()
+    d = AutoDrafter(model=m)
+    grounded, free = [1, 2, 3, 4, 1, 2, 3], [10, 11, 12]
+    assert d.source(1, grounded, 8) == "auto" and d.source(2, free, 8) == "auto+counting"
+    assert AutoDrafter().source(3, free, 8) == "auto"
+    a, b = d.propose([DraftRequest(1, grounded, 2, P), DraftRequest(2, free, 3, P)])  # K from each source's controller
+    assert a.token_ids == [4, 1] and b.token_ids == [7, 7, 7] and m.calls == [2]
+    assert d.source(2, free, 8) == "auto+counting"
+    (c,) = d.propose([DraftRequest(2, [*free, 7], 3, P)])  # history moved on: the plan is stale, decided afresh
+    assert c.token_ids == [7, 7, 7] and m.calls == [2, 2]

@@ -880,6 +880,45 @@ def test_failed_drafter_degrades_to_plain_decoding(
         assert r.stats.accepted_tokens == r.stats.draft_tokens > 0
 
 
+class TwoSourceDrafter(OracleDrafter):
+    """Two sources by the history's parity: the oracle (always accepted) and junk (never accepted)."""
+
+    name = "two"
+
+    def __init__(self, refs: Sequence[list[int]]) -> None:
+        super().__init__(refs)
+        self.ks: dict[str, list[int]] = {"two+oracle": [], "two+junk": []}
+
+    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
+        return "two+oracle" if len(tokens) % 2 == 0 else "two+junk"
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = super().propose(requests)
+        for i, r in enumerate(requests):
+            src = self.source(r.seq_id, r.tokens, 8)
+            self.ks[src].append(r.k)
+            if src == "two+junk":
+                drafts[i] = Draft([5] * r.k)
+        return drafts
+
+
+def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engine]) -> None:
+    """A drafter with sources (auto: lookups and a head): one source's misses never shorten the other's K."""
+    base = make_tiny(DrafterKind.NONE, max_batch=1)
+    params = SamplingParams(max_new_tokens=160, ignore_eos=True)
+    with running(base) as eng:
+        (plain,) = run_batch(eng, TINY_PROMPTS[:1], params)
+    drafter = TwoSourceDrafter([TINY_PROMPTS[0] + plain.token_ids])
+    with running(engine_with(base, drafter, k=None)) as eng:
+        res = run_batch(eng, TINY_PROMPTS[:1], params)
+        assert set(eng._pools) >= {"two+oracle", "two+junk"}  # noqa: SLF001
+    assert res[0].token_ids == plain.token_ids
+    good, junk = drafter.ks["two+oracle"], drafter.ks["two+junk"]
+    assert good and max(good) == 8  # the oracle's controller learned it is always right
+    assert sum(good) / len(good) > 2 * (sum(junk) / max(1, len(junk)))  # junk's own controller cut its K
+    assert res[0].finish_reason == "length"
+
+
 # ------------------------------------------------------------------ bad input
 
 

@@ -12,11 +12,12 @@ Callers talk to it through ``submit`` (thread-safe), ``generate`` (async iterato
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -40,7 +41,7 @@ __all__ = ["Engine", "Chunk", "Completion", "Sink"]
 class _Req:
     seq: SequenceState
     sink: Sink
-    controller: GoodputController | None
+    controller: GoodputController | None  # the controller of this round's draft source
     detok: IncrementalText
     cancelled: bool = False
     started: bool = False
@@ -49,6 +50,10 @@ class _Req:
     drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
     synced: int = 0  # history length when the drafter last saw this request (0: never)
     seeded: bool = False  # seeded sampling with a drafter that may sample q: K from its own tokens only
+    # A drafter with several sources (auto: lookups, a draft head) gets one controller per source:
+    # their acceptance and cost differ by far, and one estimate for both would cut lookup's long drafts.
+    controllers: dict[str, GoodputController] = field(default_factory=dict)
+    source: str = ""  # this round's source (the drafter's name when it has one only)
 
 
 class Engine(Frontend):
@@ -85,6 +90,7 @@ class Engine(Frontend):
         # different tokens from run to run. Never observed, so fixed.
         self._prior_cost = CostModel()
         self.acceptance = AcceptancePool(self.k_max)  # new requests start from it
+        self._pools: dict[str, AcceptancePool] = {drafter.name: self.acceptance} if drafter else {}  # per source
         self.stats = SpecStats(drafter=drafter.name if drafter else "none")
         self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
         self._waiting: deque[_Req] = deque()
@@ -139,6 +145,9 @@ class Engine(Frontend):
         if self.drafter is not None and self.k is None and self.k_max > 0:
             ctl = GoodputController(self.k_max, self.drafter.name, pool=None if seeded else self.acceptance)
         req = _Req(seq, sink, ctl, IncrementalText(seq.stop), speculate=speculate, seeded=seeded)
+        if ctl is not None:
+            req.controllers[ctl.drafter] = ctl
+            req.source = ctl.drafter
         self._inbox.put(req)
         self._wake.set()
 
@@ -229,6 +238,8 @@ class Engine(Frontend):
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
         catch_up = 0 if r.drafted_last else len(r.seq.history) - r.synced
+        if r.controller is not None:
+            self._pick_source(r)
         if r.controller is None:
             k = self.k
         elif r.seeded:  # the request's own acceptance and the cost prior: the same seed, the same schedule
@@ -236,6 +247,23 @@ class Engine(Frontend):
         else:
             k = r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
         return max(0, min(k or 0, remaining - 1, self.k_max))
+
+    def _pick_source(self, r: _Req) -> None:
+        """The controller of the source the drafter will draft this request's next round from."""
+        source_of = getattr(self.drafter, "source", None)
+        if source_of is None:
+            return
+        try:
+            src = str(source_of(r.seq.seq_id, r.seq.history, self.k_max))
+        except Exception:  # a drafter failure costs this request its drafts, nothing more
+            logging.getLogger(__name__).exception("drafter source failed for sequence %d", r.seq.seq_id)
+            r.drafter_failed = True
+            return
+        ctl = r.controllers.get(src)
+        if ctl is None:
+            pool = None if r.seeded else self._pools.setdefault(src, AcceptancePool(self.k_max))
+            ctl = r.controllers[src] = GoodputController(self.k_max, src, pool=pool)
+        r.controller, r.source = ctl, src
 
     def _step(self) -> None:
         batch = list(self._running)
@@ -306,7 +334,10 @@ class Engine(Frontend):
         """
         if self.drafter is None or not any(asked):
             return
-        name = self.drafter.name
+        # The call's price goes to its source; a call mixing sources is priced as its costliest
+        # (any but the drafter's plain name: lookups cost microseconds, a model's steps milliseconds).
+        sources = {r.source for r, k in zip(batch, asked, strict=True) if k}
+        name = next((x for x in sorted(sources) if x != self.drafter.name), self.drafter.name)
         longest = max(drafted)  # a request waits for the whole call: price it by its longest draft
         behind = [(k, n) for k, n in zip(asked, lag, strict=True) if k and n]
         if not behind:
