@@ -79,6 +79,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--weight-decay", type=float, default=0.05, help="eagle: AdamW weight decay (default: %(default)s)"
     )
     p.add_argument(
+        "--continuations",
+        type=int,
+        default=1,
+        help="eagle: target continuations per training prompt, the greedy one then sampled ones (default: %(default)s)",
+    )
+    p.add_argument(
+        "--sample-temperature",
+        type=float,
+        default=0.8,
+        help="eagle: temperature of the sampled continuations (default: %(default)s)",
+    )
+    p.add_argument(
         "--rollout-warmup",
         type=float,
         default=0.6,
@@ -144,7 +156,8 @@ def run(a: argparse.Namespace) -> int:
         from draftgate.train.eagle import EagleConfig, train_eagle
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
-                            feature_noise=a.feature_noise, weight_decay=a.weight_decay).validate()  # fmt: skip
+                            feature_noise=a.feature_noise, weight_decay=a.weight_decay, continuations=a.continuations,
+                            sample_temperature=a.sample_temperature).validate()  # fmt: skip
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)
     else:
         from draftgate.train.distill import DistillConfig, distill

@@ -1,8 +1,8 @@
 """`draftgate distill --kind eagle`: train an EAGLE-style draft head on the target's own states.
 
-Data: the target's greedy continuations of the prompts (``build_corpus``), then one forward per
-sequence that keeps, at every position, the target's top-k logits and its features at the head's
-layers (``teacher_states``; the runner returns them with the logits, no extra forward).
+Data: the target's continuations of the prompts (the greedy one, and ``continuations - 1`` sampled
+ones), recorded while generating: at every position the target's top-k logits and its features at
+the head's layers, from the forward that computes them anyway (``train.states``).
 
 Loss per position and rollout step j (``EagleHead.rollout``, EAGLE-3's training-time test; the
 first ``rollout_warmup`` share of the steps trains the first draft step alone, which on this CPU
@@ -29,11 +29,11 @@ from tqdm import tqdm
 
 from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
 from draftgate.models.loader import LoadedModel, load_model
-from draftgate.models.runner import ForwardItem, ModelRunner
-from draftgate.train.data import Example, build_corpus, choose_vocab_subset, read_records
+from draftgate.train.data import Example, choose_vocab_subset, read_records
 from draftgate.train.distill import jsonable, warmup_cosine
+from draftgate.train.states import States, generate_states
 
-__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "teacher_states"]
+__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class EagleConfig:
     weight_decay: float = 0.05
     step_decay: float = 0.8
     max_new_tokens: int = 128
+    continuations: int = 1  # per training prompt: the greedy one, then sampled ones
+    sample_temperature: float = 0.8  # of the sampled continuations
     max_len: int = 512
     window: int = 256  # rows per training sequence (a random window of a longer one)
     top_k: int = 32
@@ -74,6 +76,8 @@ class EagleConfig:
             raise ValueError("--rollout must be in 1..8, --step-decay in (0, 1] and --rollout-warmup in [0, 1]")
         if self.max_new_tokens < 1 or self.max_len < 8 or self.window < 8 or self.top_k < 1:
             raise ValueError("--max-new-tokens and --top-k must be >= 1, --max-len and --window >= 8")
+        if self.continuations < 1 or not self.sample_temperature > 0:
+            raise ValueError("--continuations must be >= 1 and --sample-temperature > 0")
         if self.feature_noise < 0 or self.weight_decay < 0:
             raise ValueError("--feature-noise and --weight-decay must be >= 0")
         if self.checkpoint_every < 1:
@@ -103,51 +107,24 @@ class EagleReport:
     losses: list[float] = field(default_factory=list)
 
 
-@dataclass
-class States:
-    """One sequence's teacher signal: rows 0..T-2 (row t is about the token at t + 1)."""
-
-    tokens: torch.Tensor  # [T] int64
-    start: int  # first generated position
-    feats: torch.Tensor  # [T-1, nF, C] float16
-    top_v: torch.Tensor  # [T-1, k] float16 top-k logits
-    top_i: torch.Tensor  # [T-1, k] int32 their ids
-
-
-@torch.inference_mode()
-def teacher_states(
-    target: LoadedModel, examples: Sequence[Example], layers: Sequence[int], top_k: int, progress: bool = True
-) -> list[States]:
-    longest = max(len(e.tokens) for e in examples)
-    runner = ModelRunner(target, num_blocks=(longest + 15) // 16 + 1, enable_prefix_cache=False)
-    out = []
-    for e in tqdm(examples, desc="target states", unit="seq", disable=not progress):
-        runner.add_sequence(0, e.tokens)
-        try:
-            ids = list(e.tokens[:-1])
-            res = runner.forward_flat([ForwardItem(0, ids, len(ids))], feature_layers=layers)
-        finally:
-            runner.free(0)
-        assert res.features is not None
-        vals, idx = res.logits.topk(top_k, dim=-1)  # [T-1, k]
-        out.append(States(torch.tensor(e.tokens), e.start, res.features.half(), vals.half(), idx.int()))
-    return out
-
-
 def _states(cfg: EagleConfig, target: LoadedModel, path: Path, layers: Sequence[int], progress: bool,
             label: str) -> list[States]:  # fmt: skip
     """Continuations + teacher states of one prompt file, cached in OUT keyed by data and settings."""
-    settings = json.dumps([cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers)]).encode()
+    n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
+    sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
+    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled]).encode()
     key = hashlib.sha256(settings + path.read_bytes()).hexdigest()
     cache = cfg.out / f"states-{label}.pt"
     if cache.is_file():
         got = torch.load(cache, weights_only=False)
         if got.get("key") == key:
             return got["states"]
-    examples = build_corpus(target, read_records(path), cfg.max_new_tokens, cfg.max_len, batch=16, progress=progress)
-    if len(examples) < 1:
+    states = generate_states(
+        target, read_records(path), layers, cfg.top_k, cfg.max_new_tokens, cfg.max_len, continuations=n,
+        temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress,
+    )  # fmt: skip
+    if len(states) < 1:
         raise ValueError(f"{path}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
-    states = teacher_states(target, examples, layers, cfg.top_k, progress)
     cfg.out.mkdir(parents=True, exist_ok=True)
     torch.save({"key": key, "states": states}, cache)
     return states

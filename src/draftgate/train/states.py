@@ -1,0 +1,154 @@
+"""The target's states for training a draft head, in one pass: continuation, top-k logits, features.
+
+Every position's logits and hidden states come from the forward that computes them anyway: the
+prompt's prefill (all its rows), then the decode step that feeds each generated token. A first
+version generated the continuations on the engine and ran one more forward over every finished
+sequence for its logits and features; on this CPU that second pass cost about as much as
+generating (a prefill is compute-bound, like a batch of 16 decode rows), so generating and
+recording at once halves the data time (docs/BENCHMARKS.md, issue 13).
+
+Decoding is continuous batching by hand on one ``ModelRunner`` (up to ``batch`` sequences a
+step, a finished one replaced by the next prompt). Continuation 0 of a prompt is the target's
+greedy one (the native kernels are batch invariant, so it is plain decoding's, token for token);
+continuations 1.. are sampled at ``temperature`` with a seeded generator: more of the target's own
+text from the same prompts (their labels are the target's logits at every position either way).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.train.data import Record
+
+__all__ = ["States", "generate_states"]
+
+
+@dataclass
+class States:
+    """One sequence's teacher signal: rows 0..T-2 (row t is about the token at t + 1)."""
+
+    tokens: torch.Tensor  # [T] int64
+    start: int  # first generated position
+    feats: torch.Tensor  # [T-1, nF, C] float16
+    top_v: torch.Tensor  # [T-1, k] float16 top-k logits
+    top_i: torch.Tensor  # [T-1, k] int32 their ids
+
+
+@dataclass
+class _Live:
+    index: int  # output slot
+    tokens: list[int]
+    start: int
+    left: int  # tokens still to generate
+    greedy: bool
+    feats: list[torch.Tensor]  # pieces [n, nF, C] float16
+    top_v: list[torch.Tensor]  # pieces [n, k]
+    top_i: list[torch.Tensor]
+
+
+@torch.inference_mode()
+def generate_states(
+    target: LoadedModel,
+    records: Sequence[Record],
+    layers: Sequence[int],
+    top_k: int,
+    max_new_tokens: int,
+    max_len: int,
+    continuations: int = 1,
+    temperature: float = 0.8,
+    seed: int = 0,
+    batch: int = 16,
+    chunk: int = 256,
+    progress: bool = True,
+) -> list[States]:
+    """Per usable record (prompts: ``continuations`` each; texts: one), its ``States``, in order."""
+    tok, cfg = target.tokenizer, target.config
+    limit = min(max_len, cfg.max_position_embeddings)
+    eos = set(cfg.eos_token_ids)
+    todo: deque[tuple[list[int], int, bool]] = deque()  # (prompt ids, tokens to generate, greedy)
+    for r in records:
+        if r.text is not None:
+            ids = tok.encode(r.text)[:limit]
+            if len(ids) >= 2:
+                todo.append((ids, 0, True))
+        else:
+            ids = tok.encode_chat(list(r.messages))
+            if len(ids) + max_new_tokens <= limit:
+                todo.extend((ids, max_new_tokens, c == 0) for c in range(continuations))
+    out: list[States | None] = [None] * len(todo)
+    runner = ModelRunner(target, num_blocks=batch * ((limit + 15) // 16 + 1) + 8, enable_prefix_cache=False)
+    gen = torch.Generator().manual_seed(seed)
+    live: dict[int, _Live] = {}
+    bar = tqdm(total=len(todo), desc="target states", unit="seq", disable=not progress)
+
+    def record(s: _Live, logits: torch.Tensor, feats: torch.Tensor) -> None:  # logits [n, V], feats [n, nF, C]
+        v, i = logits.topk(top_k, dim=-1)  # [n, k]
+        s.top_v.append(v.half())
+        s.top_i.append(i.int())
+        s.feats.append(feats.half())
+
+    def choose(s: _Live, logits: torch.Tensor, argmax: int) -> int:  # logits [V] of the last row
+        if argmax < 0:
+            raise RuntimeError("the target produced a non-finite logit row while generating training data")
+        if s.greedy:
+            return argmax
+        probs = torch.softmax(logits / temperature, dim=-1)  # [V]
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def finish(sid: int) -> None:
+        s = live.pop(sid)
+        runner.free(sid)
+        cat = lambda xs: torch.cat(xs)[: len(s.tokens) - 1]  # noqa: E731  # rows 0..T-2
+        out[s.index] = States(torch.tensor(s.tokens), s.start, cat(s.feats), cat(s.top_v), cat(s.top_i))
+        bar.update(1)
+
+    def admit(index: int, ids: list[int], n_new: int, greedy: bool) -> None:
+        sid = index
+        s = live[sid] = _Live(index, list(ids), len(ids) if n_new else 1, n_new, greedy, [], [], [])
+        runner.add_sequence(sid, ids)
+        rows = ids if n_new else ids[:-1]  # a text's last token has no next one to learn
+        res = None
+        for a in range(0, len(rows), chunk):
+            piece = rows[a : a + chunk]
+            res = runner.forward_flat([ForwardItem(sid, piece, len(piece))], layers)  # every row's logits
+            assert res.features is not None
+            record(s, res.logits, res.features)
+        if not n_new:
+            finish(sid)
+            return
+        assert res is not None
+        s.tokens.append(choose(s, res.logits[-1], int(res.argmax[-1])))
+        s.left -= 1
+        if s.left == 0 or s.tokens[-1] in eos:
+            finish(sid)
+
+    index = 0
+    try:
+        while todo or live:
+            while todo and len(live) < batch:
+                ids, n_new, greedy = todo.popleft()
+                admit(index, ids, n_new, greedy)
+                index += 1
+            if not live:
+                continue
+            seqs = list(live.values())
+            res = runner.forward_flat([ForwardItem(s.index, s.tokens[-1:], 1) for s in seqs], layers)
+            assert res.features is not None
+            for b, s in enumerate(seqs):
+                record(s, res.logits[b : b + 1], res.features[b : b + 1])
+                s.tokens.append(choose(s, res.logits[b], int(res.argmax[b])))
+                s.left -= 1
+                if s.left == 0 or s.tokens[-1] in eos:
+                    finish(s.index)
+    finally:
+        bar.close()
+        for sid in list(live):
+            runner.free(sid)
+    return [s for s in out if s is not None]

@@ -1,0 +1,57 @@
+"""The one-pass training states: what the engine's plain decoding generates and a second forward would record."""
+
+from __future__ import annotations
+
+import torch
+
+from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.train.data import Record, build_corpus
+from draftgate.train.states import generate_states
+
+LAYERS = (1, 2)
+
+
+def _records() -> list[Record]:
+    prompts = ["hello world", "the a b c", "an is of and", "x y z 1 2 3", "one", "two three"]
+    return [Record(messages=({"role": "user", "content": p},)) for p in prompts] + [Record(text="a b c d e f g")]
+
+
+def test_greedy_states_are_plain_decoding_and_the_full_forwards_rows(tiny_model: LoadedModel) -> None:
+    recs = _records()
+    states = generate_states(tiny_model, recs, LAYERS, top_k=5, max_new_tokens=12, max_len=96, batch=3, chunk=4,
+                             progress=False)  # fmt: skip
+    plain = build_corpus(tiny_model, recs, max_new_tokens=12, max_len=96, progress=False)
+    assert len(states) == len(plain) == len(recs)
+    runner = ModelRunner(tiny_model, num_blocks=32, enable_prefix_cache=False)
+    for s, e in zip(states, plain, strict=True):
+        toks = s.tokens.tolist()
+        n = len(toks) - 1
+        assert s.start == e.start and s.feats.shape[0] == s.top_v.shape[0] == n
+        eos = set(tiny_model.config.eos_token_ids)
+        # the engine's greedy continuation (an EOS it stops at is kept here: the head learns to say it)
+        assert toks[: len(e.tokens)] == list(e.tokens) and (len(toks) == len(e.tokens) or toks[-1] in eos)
+        runner.add_sequence(0, toks)
+        try:
+            full = runner.forward_flat([ForwardItem(0, toks[:-1], n)], LAYERS)  # the second pass it replaces
+        finally:
+            runner.free(0)
+        assert full.features is not None
+        v, i = full.logits.topk(5, dim=-1)  # [n, 5]
+        assert torch.equal(s.top_i, i.int()) and torch.equal(s.top_v, v.half())
+        assert torch.equal(s.feats, full.features.half())
+    runner.kv.check_no_leaks()
+
+
+def test_sampled_continuations_are_more_of_the_targets_text_and_seeded(tiny_model: LoadedModel) -> None:
+    recs = _records()[:3]
+    kw = dict(top_k=5, max_new_tokens=16, max_len=96, continuations=3, temperature=1.0, progress=False)
+    a = generate_states(tiny_model, recs, LAYERS, seed=1, **kw)  # type: ignore[arg-type]
+    b = generate_states(tiny_model, recs, LAYERS, seed=1, **kw)  # type: ignore[arg-type]
+    c = generate_states(tiny_model, recs, LAYERS, seed=2, **kw)  # type: ignore[arg-type]
+    greedy = generate_states(tiny_model, recs, LAYERS, top_k=5, max_new_tokens=16, max_len=96, progress=False)
+    assert len(a) == 9
+    assert [s.tokens.tolist() for s in a[::3]] == [s.tokens.tolist() for s in greedy]  # continuation 0: greedy
+    assert [s.tokens.tolist() for s in a] == [s.tokens.tolist() for s in b]
+    assert [s.tokens.tolist() for s in a] != [s.tokens.tolist() for s in c]
+    assert any(x.tokens.tolist() != y.tokens.tolist() for x, y in zip(a[1::3], a[::3], strict=True))
