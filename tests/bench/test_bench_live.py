@@ -206,3 +206,27 @@ def test_real_model_auto_is_lossless(real_model, tmp_path):
         "unit": "token",
         "examples": [],
     }
+
+
+def test_every_run_starts_from_the_same_drafter_memory(tiny_model, prompt_file):
+    """Repeated prompts: run 2 must not draft from run 1's answers (suffix keeps finished outputs)."""
+    result, _ = run(tiny_model, prompt_file, "plain,suffix:k=4", concurrency=(1,), runs=2, warmup=False)
+    by_run: dict[int, list[tuple[str, int, int, int]]] = {0: [], 1: []}
+    for r in result.requests:
+        if r.arm == "suffix:k=4":  # a fixed K: the controller's warm costs and pool do not move it
+            by_run[r.run].append((r.prompt_id, r.turn, r.draft_tokens, r.accepted_tokens))
+    assert by_run[0] and sorted(by_run[0]) == sorted(by_run[1])
+
+
+def test_suffix_forgets_finished_outputs() -> None:
+    from draftgate.drafters import DraftRequest
+    from draftgate.drafters.suffix import SuffixDrafter
+
+    d = SuffixDrafter()
+    d.observe(1, [1, 2], 0, 0)  # the prompt
+    d.observe(1, [1, 2, 5, 6, 7, 8, 9], 0, 0)  # its output
+    d.release(1)  # the output goes to the global trie
+    req = DraftRequest(2, [3, 5, 6, 7], 2, SamplingParams())
+    assert d.propose([req])[0].token_ids == [8, 9] and d.global_tokens > 0
+    d.forget()
+    assert d.propose([req])[0].token_ids == [] and d.global_tokens == 0

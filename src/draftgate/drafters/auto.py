@@ -151,6 +151,10 @@ class AutoDrafter:
         elif len(use.rates) >= 4:
             use.backoff = 4
 
+    def forget(self) -> None:
+        """Drop the lookup memory of finished requests (``SuffixDrafter.forget``)."""
+        self._suffix.forget()
+
     def release(self, seq_id: int) -> None:
         self._suffix.release(seq_id)
         self._ngram.release(seq_id)

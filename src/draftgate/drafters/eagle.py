@@ -39,7 +39,7 @@ __all__ = ["EagleDrafter", "shipped_head", "load_head"]
 
 @dataclass
 class _Seq:
-    g: torch.Tensor  # [cap, C] fused target features, position g_start + i
+    g: torch.Tensor  # [cap, nF, C] the target's features, position g_start + i (fused when absorbed)
     g_start: int = 0
     g_n: int = 0
     cache: HeadCache | None = None
@@ -59,13 +59,17 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
-        """The target's features [m, nF, C] at positions start .. start + m - 1 (committed)."""
-        g = self.head.fused(feats.float())  # [m, C]
+        """The target's features [m, nF, C] at positions start .. start + m - 1 (committed).
+
+        Kept as they come and fused only when the head absorbs them (one product for all the
+        positions since its last draft): rounds that lookup drafts (auto) cost it a copy.
+        """
+        g = feats  # [m, nF, C]
         s = self._seqs.get(seq_id)
         if s is None or start != s.g_start + s.g_n:  # new, or a gap (never expected): start over here
-            s = self._seqs[seq_id] = _Seq(torch.empty(max(256, 2 * g.shape[0]), g.shape[1]), start)
+            s = self._seqs[seq_id] = _Seq(torch.empty(max(256, 2 * g.shape[0]), *g.shape[1:]), start)
         if s.g_n + g.shape[0] > s.g.shape[0]:
-            s.g = torch.cat([s.g, torch.empty(max(s.g.shape[0], g.shape[0]), g.shape[1])])
+            s.g = torch.cat([s.g, torch.empty(max(s.g.shape[0], g.shape[0]), *g.shape[1:])])
         s.g[s.g_n : s.g_n + g.shape[0]] = g
         s.g_n += g.shape[0]
 
@@ -95,7 +99,7 @@ class EagleDrafter:
         first, last = c.start + c.n, n - 2  # true entries still to add: positions first..last
         if first <= last:
             toks = torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64)  # x_{t+1}
-            s.last_h = head.extend(c, s.g[first - s.g_start : last - s.g_start + 1], toks)
+            s.last_h = head.extend(c, head.fused(s.g[first - s.g_start : last - s.g_start + 1]), toks)
         elif first != last + 1 or s.last_h is None:
             return Draft([])
         true_n = c.n

@@ -243,6 +243,12 @@ class SuffixDrafter:
         """Tokens currently held in the global trie (<= global_capacity_tokens)."""
         return self._global_tokens
 
+    def forget(self) -> None:
+        """Drop what finished requests left in the global trie (a benchmark's runs stay independent)."""
+        self._global = _SuffixTrie(self.max_depth)
+        self._global_texts.clear()
+        self._global_tokens = 0
+
     # -- Drafter protocol -------------------------------------------------
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
