@@ -1,18 +1,20 @@
 """Cost of one draft-head step against one one-token target forward (issue 13: goal <= 8%).
 
-Both on the bundled SmolLM2 in this process (one library, one thread pool), interleaved:
+Both on the bundled SmolLM2 in this process (one library, one thread pool), interleaved, run from
+a thread that is not the one that built the model (as the engine's loop):
 a decode step of the target (the native runner, one token, a context of --ctx tokens) and one
 chain step of the head (one entry over a head cache of the same length, its logits and the
 argmax), medians over --reps. Also the whole draft of K tokens as the engine runs it (one
 absorbing pass over the tokens committed last round + K - 1 chain steps).
 
-  .venv/bin/python benchmarks/eagle_step_cost.py [--head DIR] [--ctx 200] [--reps 200]
+  .venv/bin/python benchmarks/eagle_step_cost.py [--head DIR] [--ctx 200] [--reps 200] [--torch-products]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 import torch
@@ -20,6 +22,8 @@ import torch
 from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.eagle import EagleDrafter, load_head
 from draftgate.models.loader import load_model
+from draftgate.models.native import load_library
+from draftgate.paths import default_cache_dir
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
 
@@ -30,11 +34,21 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=200)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--torch-products", action="store_true", help="the head's products on torch (float32), not native bf16")
     a = ap.parse_args()
     target = load_model("smollm2-135m")
     runner = ModelRunner(target, num_blocks=64)
     head = load_head(a.head, target)
+    if not a.torch_products:  # what the engine drafts with (engine/factory.py)
+        head.use_native(load_library(default_cache_dir()))
     drafter = EagleDrafter(head)
+    # As in the engine: the model is built here, every forward and draft runs in another thread.
+    th = threading.Thread(target=_measure, args=(a, target, runner, head, drafter))
+    th.start()
+    th.join()
+
+
+def _measure(a: argparse.Namespace, target, runner: ModelRunner, head, drafter: EagleDrafter) -> None:  # noqa: ANN001
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (a.ctx,), generator=g).tolist()
     runner.prefill(0, prompt)
