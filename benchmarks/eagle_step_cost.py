@@ -23,8 +23,8 @@ from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.eagle import EagleDrafter, load_head
 from draftgate.models.loader import load_model
 from draftgate.models.native import load_library
-from draftgate.paths import default_cache_dir
 from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.paths import default_cache_dir
 from draftgate.types import SamplingParams
 
 

@@ -881,21 +881,25 @@ def test_failed_drafter_degrades_to_plain_decoding(
 
 
 class TwoSourceDrafter(OracleDrafter):
-    """Two sources by the history's parity: the oracle (always accepted) and junk (never accepted)."""
+    """Two sources taking turns: the oracle (always accepted) and junk (never accepted)."""
 
     name = "two"
 
     def __init__(self, refs: Sequence[list[int]]) -> None:
         super().__init__(refs)
+        self.turn = 0
+        self.planned: dict[int, str] = {}
         self.ks: dict[str, list[int]] = {"two+oracle": [], "two+junk": []}
 
     def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
-        return "two+oracle" if len(tokens) % 2 == 0 else "two+junk"
+        self.turn += 1
+        self.planned[seq_id] = "two+oracle" if self.turn % 2 else "two+junk"
+        return self.planned[seq_id]
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = super().propose(requests)
         for i, r in enumerate(requests):
-            src = self.source(r.seq_id, r.tokens, 8)
+            src = self.planned[r.seq_id]
             self.ks[src].append(r.k)
             if src == "two+junk":
                 drafts[i] = Draft([5] * r.k)
@@ -903,7 +907,10 @@ class TwoSourceDrafter(OracleDrafter):
 
 
 def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engine]) -> None:
-    """A drafter with sources (auto: lookups and a head): one source's misses never shorten the other's K."""
+    """A drafter with sources (auto: lookups and a head): each source's acceptance is its own.
+
+    One controller for both would see ~half the drafts accepted and draft the same K from both.
+    """
     base = make_tiny(DrafterKind.NONE, max_batch=1)
     params = SamplingParams(max_new_tokens=160, ignore_eos=True)
     with running(base) as eng:
@@ -911,12 +918,12 @@ def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engin
     drafter = TwoSourceDrafter([TINY_PROMPTS[0] + plain.token_ids])
     with running(engine_with(base, drafter, k=None)) as eng:
         res = run_batch(eng, TINY_PROMPTS[:1], params)
-        assert set(eng._pools) >= {"two+oracle", "two+junk"}  # noqa: SLF001
+        pools = dict(eng._pools)  # noqa: SLF001
     assert res[0].token_ids == plain.token_ids
     good, junk = drafter.ks["two+oracle"], drafter.ks["two+junk"]
-    assert good and max(good) == 8  # the oracle's controller learned it is always right
-    assert sum(good) / len(good) > 2 * (sum(junk) / max(1, len(junk)))  # junk's own controller cut its K
-    assert res[0].finish_reason == "length"
+    assert len(junk) >= 8 and max(good) == 8
+    assert pools["two+oracle"].alpha() > 0.9 and pools["two+junk"].alpha() < 0.15, (
+        pools["two+oracle"].alpha(), pools["two+junk"].alpha())  # fmt: skip
 
 
 # ------------------------------------------------------------------ bad input

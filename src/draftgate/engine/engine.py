@@ -47,8 +47,11 @@ class _Req:
     started: bool = False
     drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
     speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
-    drafted_last: bool = False  # the previous round drafted for it (its drafter had nothing to catch up)
-    synced: int = 0  # history length when the drafter last saw this request (0: never)
+    # The source that drafted its previous round (None: none did), and per source the history length
+    # when that source last drafted for it: a source that skipped rounds has them to catch up on
+    # (a draft head absorbs the positions lookup drafted since its own last draft).
+    last_source: str | None = None
+    synced: dict[str, int] = field(default_factory=dict)
     seeded: bool = False  # seeded sampling with a drafter that may sample q: K from its own tokens only
     # A drafter with several sources (auto: lookups, a draft head) gets one controller per source:
     # their acceptance and cost differ by far, and one estimate for both would cut lookup's long drafts.
@@ -237,9 +240,9 @@ class Engine(Frontend):
         if self.drafter is None or not self.speculation_enabled or r.drafter_failed or not r.speculate:
             return 0
         remaining = r.seq.params.max_new_tokens - len(r.seq.output)
-        catch_up = 0 if r.drafted_last else len(r.seq.history) - r.synced
         if r.controller is not None:
             self._pick_source(r)
+        catch_up = self._lag(r)
         if r.controller is None:
             k = self.k
         elif r.seeded:  # the request's own acceptance and the cost prior: the same seed, the same schedule
@@ -247,6 +250,11 @@ class Engine(Frontend):
         else:
             k = r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
         return max(0, min(k or 0, remaining - 1, self.k_max))
+
+    @staticmethod
+    def _lag(r: _Req) -> int:
+        """Tokens this round's source has not drafted over (0 if it drafted the previous round)."""
+        return 0 if r.last_source == r.source else len(r.seq.history) - r.synced.get(r.source, 0)
 
     def _pick_source(self, r: _Req) -> None:
         """The controller of the source the drafter will draft this request's next round from."""
@@ -273,7 +281,7 @@ class Engine(Frontend):
             # at least 1 (plain) for those still to choose.
             others = sum(k + 1 for k in ks) + (len(batch) - i - 1)
             ks.append(self._choose_k(r, others))
-        lag = [0 if r.drafted_last else len(r.seq.history) - r.synced for r in batch]
+        lag = [self._lag(r) for r in batch]
         seen = [len(r.seq.history) for r in batch]
         try:
             res = speculative_step(
@@ -286,9 +294,9 @@ class Engine(Frontend):
         self.cost.observe_forward(res.forward_tokens, res.forward_s)
         self._observe_draft_cost(batch, ks, res.drafted, lag, res.draft_s)
         for r, k, asked, n in zip(batch, res.drafted, ks, seen, strict=True):
-            r.drafted_last = k > 0
+            r.last_source = r.source if k > 0 else None
             if asked:
-                r.synced = n
+                r.synced[r.source] = n
         with self._lock:
             rows = zip(batch, res.drafted, res.accepted, res.emitted, res.draft_failed, res.approximate, res.errors,
                        res.sampled, strict=True)  # fmt: skip

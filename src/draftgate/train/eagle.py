@@ -256,7 +256,8 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         "trained": {"data": str(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
                     "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
-                    "vocab_subset": cfg.vocab_subset},
+                    "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
+                    "sample_temperature": cfg.sample_temperature},
     }  # fmt: skip
 
     def save() -> None:
