@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 13: the draft head against plain decoding, and auto with it against auto without it, side by side
-# (arms interleaved window by window in one warm process, medians over runs; greedy).
-#   bash benchmarks/eagle_bench.sh [OUT]   (about 25 minutes on a 2-core CPU)
+# (arms interleaved window by window in one warm process, medians over runs; greedy). Every run starts
+# from the same drafter memory (bench forgets the suffix trie between runs), so medians over runs hold
+# for suffix and auto too.
+#   bash benchmarks/eagle_bench.sh [OUT]   (about 15 minutes on a 2-core CPU)
 set -euo pipefail
 OUT=${1:-bench-eagle}
 DG=${DG:-.venv/bin/draftgate}

@@ -6,6 +6,12 @@ suffix, greedy model) return ids only: their q is one-hot. Sampled drafters
 also return the exact distribution q each token was drawn from, dense
 ``[k, V]`` or sparse ``(ids [k, M], probs [k, M])``. After verification the
 drafter is told the outcome so it can update caches or statistics.
+
+Optional, found by the engine with ``getattr``: ``feature_layers`` and ``feed`` (a drafter
+that reads the embedded target's hidden states: eagle), ``source(seq_id, tokens, k_max) -> str``
+(a drafter with several sources, auto: which one drafts the sequence's next round; the engine
+keeps one goodput controller per source), ``forget()`` (drop memory of finished requests:
+bench runs start from the same state).
 """
 
 from __future__ import annotations
