@@ -72,19 +72,6 @@ def test_release_reaches_the_model() -> None:
     assert m.released == [3]
 
 
-def test_model_takes_over_when_lookup_drafts_keep_failing() -> None:
-    m = CountingDrafter()
-    d = AutoDrafter(model=m)
-    hist = [1, 2, 3, 4, 1, 2, 3]  # lookup always proposes here
-    req = DraftRequest(9, hist, 4, P)
-    for _ in range(3):  # three lookup rounds with nothing accepted (under one token a round)
-        assert d.propose([req])[0].token_ids == [4, 1, 2, 3]
-        d.observe(9, hist, 4, 0)
-    assert m.calls == []
-    assert d.propose([req])[0].token_ids == [7, 7, 7, 7]  # the (optimistic) model is tried
-    assert m.calls == [9]
-
-
 class HeadLike(CountingDrafter):
     """A stand-in for the draft head: reads the target's features, which auto passes through."""
 
@@ -118,3 +105,19 @@ def test_source_names_the_rounds_drafter_and_propose_keeps_to_it() -> None:
     assert d.source(2, free, 8) == "auto+counting"
     (c,) = d.propose([DraftRequest(2, [*free, 7], 3, P)])  # history moved on: the plan is stale, decided afresh
     assert c.token_ids == [7, 7, 7] and m.calls == [2, 2]
+
+
+def test_lookup_keeps_the_turn_wherever_it_proposes_even_after_misses() -> None:
+    """Lookup's hits are bursty (grounded text): misses never hand its proposals to the model."""
+    m = CountingDrafter()
+    d = AutoDrafter(model=m)
+    grounded = [1, 2, 3, 4, 1, 2, 3]
+    for _ in range(6):
+        (x,) = d.propose([DraftRequest(1, grounded, 4, P)])
+        assert x.token_ids == [4, 1, 2, 3]  # lookup drafted ...
+        d.observe(1, grounded, len(x.token_ids), 0)  # ... and missed
+    assert m.calls == [] and d.source(1, grounded, 8) == "auto"
+    gap = [*grounded, 99, 98]  # nothing to look up: the model's turn
+    assert d.source(1, gap, 8) == "auto+counting"
+    (y,) = d.propose([DraftRequest(1, gap, 4, P)])
+    assert y.token_ids == [7, 7, 7, 7] and m.calls == [1]

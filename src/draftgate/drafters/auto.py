@@ -9,12 +9,11 @@ and round:
 
 1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
 2. if a model drafter is configured (a draft head, a draft model) and lookup
-   proposes fewer than ``min_lookup`` tokens (default 1: nothing at all; measured
-   on held-out writing prompts, a head that also replaced lookup's one-token
-   drafts took 180-189 rounds for what lookup alone emitted in ~150, and the
-   rule "nothing at all" 128-136), or lookup's recent
-   drafts on this request yield under one accepted token a round, the model
-   drafts instead;
+   proposes fewer than ``min_lookup`` tokens (default 1: nothing at all), the model
+   drafts instead (measured on held-out prompts, docs/BENCHMARKS.md issue 13: a head
+   that also replaced lookup's one-token drafts, or lookup's drafts on requests
+   where they had yielded under a token a round lately, cost grounded prompts and
+   writing up to 0.3x against auto without it: lookup's hits are bursty);
    unless the model's own measured acceptance on this request is too low to pay
    for its cost (tracked per request with a short window; probed again after a
    back-off).
@@ -46,20 +45,9 @@ class _ModelUse:
     """Per-request record of how the model drafter's drafts fared (last rounds only)."""
 
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=8))
-    lookup_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=8))
     skip: int = 0  # rounds left before the model is tried again
     backoff: int = 4
     last_was_model: bool = False
-
-    def lookup_is_worse(self) -> bool:
-        """Lookup drafts on this request have been yielding under one accepted token a round.
-
-        Lookup drafts are free and model drafts are not, so lookup keeps the turn while
-        it pays for its verification at all; per-token acceptance rates are not compared.
-        """
-        if len(self.lookup_accepted) < 3:
-            return False
-        return sum(self.lookup_accepted) / len(self.lookup_accepted) < 1.0
 
 
 class AutoDrafter:
@@ -75,7 +63,7 @@ class AutoDrafter:
         self._min_lookup = min_lookup
         self._min_rate = min_model_rate
         self._use: dict[int, _ModelUse] = {}
-        self._plans: dict[int, tuple[int, bool, Draft]] = {}  # seq -> (history length, model?, lookup draft)
+        self._plans: dict[int, tuple[int, bool]] = {}  # seq -> (history length, model drafts?)
 
     def _lookup(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         a = self._suffix.propose(requests)
@@ -85,7 +73,7 @@ class AutoDrafter:
     def _wants_model(self, seq_id: int, lookup_len: int, k: int) -> bool:
         """Whether the model drafts this round (counts down a back-off: call once per round)."""
         use = self._use.setdefault(seq_id, _ModelUse())
-        if k <= 0 or not (lookup_len < min(self._min_lookup, k) or use.lookup_is_worse()):
+        if k <= 0 or lookup_len >= min(self._min_lookup, k):
             return False
         if use.skip > 0:
             use.skip -= 1
@@ -96,29 +84,27 @@ class AutoDrafter:
         """Where this sequence's next draft comes from: ``auto`` (lookup) or ``auto+<model>``.
 
         The engine keeps one goodput controller (acceptance, cost, K) per source, so the model's
-        acceptance never shortens lookup's drafts. The decision and the lookup draft (for up to
-        ``k_max`` tokens) are kept for the ``propose`` of the same round.
+        acceptance never shortens lookup's drafts. The decision is kept for the ``propose`` of
+        the same round.
         """
         if self._model is None:
             return self.name
         d = self._lookup([DraftRequest(seq_id, tokens, k_max, SamplingParams())])[0]
         model = self._wants_model(seq_id, len(d.token_ids), k_max)
-        self._plans[seq_id] = (len(tokens), model, d)
+        self._plans[seq_id] = (len(tokens), model)
         return f"{self.name}+{self._model.name}" if model else self.name
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         planned = [self._plans.pop(r.seq_id, None) for r in requests]
         planned = [p if p is not None and p[0] == len(r.tokens) else None for p, r in zip(planned, requests, strict=True)]
-        todo = [r for r, p in zip(requests, planned, strict=True) if p is None]
-        fresh = iter(self._lookup(todo)) if todo else iter(())
-        drafts, need = [], []
-        for i, (r, p) in enumerate(zip(requests, planned, strict=True)):
+        # Lookup drafts for this round's k: a lookup asked for more tokens may pick another match
+        # (measured: reusing source()'s k_max draft cut auto's accepted tokens on code edits by 12%).
+        drafts = self._lookup(requests)
+        need = []
+        for i, (r, p, d) in enumerate(zip(requests, planned, list(drafts), strict=True)):
             if p is not None:
-                _, model, d = p
-                drafts.append(Draft(list(d.token_ids[: r.k])) if r.k > 0 else Draft([]))
+                model = p[1]
             else:
-                d = next(fresh)
-                drafts.append(d)
                 model = self._model is not None and self._wants_model(r.seq_id, len(d.token_ids), r.k)
             if self._model is not None:
                 self._use.setdefault(r.seq_id, _ModelUse()).last_was_model = model and r.k > 0
@@ -141,7 +127,6 @@ class AutoDrafter:
         if self._model is None or use is None or not num_drafted:
             return
         if not use.last_was_model:
-            use.lookup_accepted.append(num_accepted)
             return
         self._model.observe(seq_id, tokens, num_drafted, num_accepted)
         use.rates.append(num_accepted / num_drafted)
