@@ -243,6 +243,24 @@ def test_real_head_alone_equals_plain_on_every_prompt(
         assert chat.draft_tokens > 0 and chat.accepted_tokens > 0, chat  # the head drafts open chat too
 
 
+@pytest.mark.real_model
+def test_real_auto_takes_the_shipped_head_unless_told_not_to(real_model: LoadedModel) -> None:
+    """auto's default on an embedded target with a shipped head: lookups plus the head; 'none': lookups only."""
+    from draftgate.drafters.auto import AutoDrafter
+    from draftgate.drafters.eagle import EagleDrafter
+    from draftgate.errors import ModelLoadError
+
+    default = build_drafter(EngineConfig(drafter=DrafterKind.AUTO), real_model)
+    off = build_drafter(EngineConfig(drafter=DrafterKind.AUTO, draft_head="none"), real_model)
+    remote = build_drafter(EngineConfig(drafter=DrafterKind.AUTO), real_model, features=False)
+    assert isinstance(default, AutoDrafter) and isinstance(default._model, EagleDrafter)  # noqa: SLF001
+    assert default.feature_layers == (2, 15, 30)
+    for d in (off, remote):  # a remote target has no hidden states: lookups, no error
+        assert isinstance(d, AutoDrafter) and d._model is None and d.feature_layers == ()  # noqa: SLF001
+    with pytest.raises(ModelLoadError, match="needs a draft head"):
+        build_drafter(EngineConfig(drafter=DrafterKind.EAGLE, draft_head="none"), real_model)
+
+
 @pytest.fixture(scope="module")
 def real_bf16_engine(real_model: LoadedModel) -> Iterator[Engine]:
     """Plain decoding on SmolLM2 with bfloat16 weights (the native kernels compute in float32)."""

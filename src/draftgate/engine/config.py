@@ -33,7 +33,7 @@ class EngineConfig:
     k: int | None = None  # None: adaptive (goodput controller); 0..k_max: fixed
     k_max: int = 8  # most draft tokens per round
     draft_model: str | None = None  # for drafter=model (same tokenizer as the target)
-    draft_head: str | None = None  # a head folder; eagle: None = the one shipped for the model; auto: None = no head
+    draft_head: str | None = None  # a head folder; None: the one shipped for the model (eagle, auto); "none": auto without
     device: str = "cpu"
     dtype: str = "float32"
     num_blocks: int = 1024  # KV blocks (block_size tokens each) shared by all running requests

@@ -17,7 +17,9 @@ from draftgate.models.native import load_library
 from draftgate.models.runner import Kernels, ModelRunner
 from draftgate.paths import default_cache_dir
 
-__all__ = ["build_engine", "build_drafter", "build_runner"]
+__all__ = ["build_engine", "build_drafter", "build_runner", "NO_HEAD"]
+
+NO_HEAD = "none"  # --draft-head none: auto drafts from lookups only
 
 
 def build_drafter(cfg: EngineConfig, target: LoadedModel, features: bool = True) -> Drafter | None:
@@ -44,6 +46,8 @@ def build_drafter(cfg: EngineConfig, target: LoadedModel, features: bool = True)
 def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     from draftgate.drafters.eagle import EagleDrafter, load_head
 
+    if cfg.draft_head == NO_HEAD:
+        raise ModelLoadError("--drafter eagle needs a draft head; --draft-head none turns the head off for auto only")
     head = load_head(cfg.draft_head, target)
     dtype = target.weights["model.embed_tokens.weight"].dtype
     if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
@@ -77,19 +81,26 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
 
 
 def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) -> Drafter | None:
-    """auto adds a model drafter: --draft-model, or a draft head when --draft-head DIR is given.
+    """auto adds a model drafter: --draft-model, or a draft head (--draft-head DIR, else the one shipped
+    for the target when the target is embedded; --draft-head none: lookups only).
 
-    Not the head shipped for the model by default: measured on the held-out prompts, auto with it
-    ran at 1.11x of plain against 1.28x without it (docs/BENCHMARKS.md, issue 13). The head needs
-    the target's hidden states, so only with the embedded target. Not llama.cpp on its own any more
-    (it was auto's default draft while the target was 3-5x slower): against the native target a Q4
-    llama.cpp draft step costs half a target step, and on open prompts auto with it ran at
-    0.78-1.01x of plain (docs/BENCHMARKS.md, issue 12). ``--drafter quant`` still runs it on purpose.
+    The shipped head by default since auto keeps one controller per source and gives the head only
+    the rounds lookup has nothing for: on held-out prompts auto with it ran at 1.43x of plain against
+    1.37x without it, on the built-in prompts 1.66x against 1.59x (docs/BENCHMARKS.md, issue 13). The
+    head needs the target's hidden states, so a remote target gets lookups only (an explicit
+    --draft-head is refused there). Not llama.cpp on its own any more (it was auto's default draft
+    while the target was 3-5x slower): against the native target a Q4 llama.cpp draft step costs half
+    a target step, and on open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md,
+    issue 12). ``--drafter quant`` still runs it on purpose.
     """
+    from draftgate.drafters.eagle import shipped_head
+
     if cfg.draft_model:
         return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
-    if cfg.draft_head is None:
+    if cfg.draft_head == NO_HEAD:
         return None
+    if cfg.draft_head is None:
+        return _eagle(cfg, target) if features and shipped_head(target) is not None else None
     if not features:
         raise ModelLoadError(
             "--draft-head: a draft head reads the target's hidden states, which only the embedded target gives; "
