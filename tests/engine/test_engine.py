@@ -1094,8 +1094,11 @@ def test_k_choice_sees_the_other_sequences_tokens_and_draft_calls_are_priced_per
     priced: list[int] = []
     observe = eng.cost.observe_draft
     eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
-    with running(eng):
+    try:  # not `running`: the loop starts after all three are queued (else one may finish before the third arrives)
         res = run_batch(eng, TINY_PROMPTS[:3], TINY_SETTINGS["greedy"])
+        assert_no_leaks(eng)
+    finally:
+        eng.shutdown()
     assert [r.token_ids for r in res] == tiny_plain["greedy"][:3]
     assert any(len(r) == 3 for r in rounds)
     for r in rounds:
