@@ -919,8 +919,8 @@ class TwoSourceDrafter(OracleDrafter):
         for i, r in enumerate(requests):
             src = self.planned[r.seq_id]
             self.ks[src].append(r.k)
-            if src == "two+junk":
-                drafts[i] = Draft([5] * r.k)
+            if src == "two+junk":  # every token differs from the reference's (in 3..95): never accepted
+                drafts[i] = Draft([3 + (t - 2) % 93 for t in drafts[i].token_ids])
         return drafts
 
 

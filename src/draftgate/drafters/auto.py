@@ -89,7 +89,8 @@ class AutoDrafter:
         """
         if self._model is None:
             return self.name
-        d = self._lookup([DraftRequest(seq_id, tokens, k_max, SamplingParams())])[0]
+        ask = min(self._min_lookup, k_max)  # enough to tell whether lookup proposes min_lookup tokens
+        d = self._lookup([DraftRequest(seq_id, tokens, ask, SamplingParams())])[0]
         model = self._wants_model(seq_id, len(d.token_ids), k_max)
         self._plans[seq_id] = (len(tokens), model)
         return f"{self.name}+{self._model.name}" if model else self.name

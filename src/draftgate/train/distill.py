@@ -18,12 +18,11 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from draftgate.models.loader import LoadedModel, load_model, save_hf_folder
@@ -146,16 +145,42 @@ def _batch(
     return {"inp": inp, "tgt": tgt, "w": w, "tv": tv, "ti": ti.clamp(min=0)}
 
 
-def _loss(model: DraftLM, bt: dict[str, torch.Tensor], T: float, alpha: float) -> torch.Tensor:
-    logits = model(bt["inp"])  # [B, T, Vs]
-    w = bt["w"]  # [B, T]
-    has_p = torch.isfinite(bt["tv"]).any(-1)  # [B, T]: some teacher mass inside the subset
-    p = torch.softmax(bt["tv"] / T, dim=-1).nan_to_num(0.0)  # [B, T, k]
-    log_q = torch.log_softmax(logits / T, dim=-1).gather(-1, bt["ti"])  # [B, T, k]
-    kl = (p * (p.clamp_min(1e-12).log() - log_q)).sum(-1) * T * T  # [B, T]
+def kl_and_ce(
+    logits: torch.Tensor, tv: torch.Tensor, ti: torch.Tensor, tgt: torch.Tensor, T: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position [B, L]: KL(p || q) on the target's top-k and cross-entropy on its token.
+
+    logits [B, L, Vs] the student's over the subset; tv [B, L, k] the target's top-k logits (-inf
+    where outside the subset), ti [B, L, k] their subset indices; tgt [B, L] the target's token as a
+    subset index (-1: none). p and q are softened by T (KL scaled by T^2); 0 where either is undefined.
+    """
+    log_q = torch.log_softmax(logits, dim=-1)  # [B, L, Vs]
+    log_qt = log_q if T == 1.0 else torch.log_softmax(logits / T, dim=-1)  # softened for the KL
+    has_p = torch.isfinite(tv).any(-1)  # [B, L]: some teacher mass inside the subset
+    p = torch.softmax(tv / T, dim=-1).nan_to_num(0.0)  # [B, L, k]
+    kl = (p * (p.clamp_min(1e-12).log() - log_qt.gather(-1, ti))).sum(-1) * T * T  # [B, L]
     kl = torch.where(has_p, kl, torch.zeros_like(kl))
-    ce = F.cross_entropy(logits.transpose(1, 2), bt["tgt"].clamp(min=0), reduction="none")  # [B, T]
-    ce = torch.where(bt["tgt"] >= 0, ce, torch.zeros_like(ce))
+    ce = -log_q.gather(-1, tgt.clamp(min=0)[..., None])[..., 0]  # [B, L]
+    ce = torch.where(tgt >= 0, ce, torch.zeros_like(ce))
+    return kl, ce
+
+
+def optimizer_step(
+    loss: torch.Tensor, params: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+) -> float:  # fmt: skip
+    """One update (gradients clipped to norm 1); returns the loss as a float."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
+def _loss(model: DraftLM, bt: dict[str, torch.Tensor], T: float, alpha: float) -> torch.Tensor:
+    kl, ce = kl_and_ce(model(bt["inp"]), bt["tv"], bt["ti"], bt["tgt"], T)  # [B, T] each
+    w = bt["w"]  # [B, T]
     return ((alpha * kl + (1 - alpha) * ce) * w).sum() / w.sum().clamp_min(1e-6)
 
 
@@ -257,20 +282,15 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
             break
         pick = torch.randint(0, len(train_ex), (cfg.batch,), generator=gen).tolist()
         bt = _batch([train_ex[i] for i in pick], [train_t[i] for i in pick], sub_of, cfg.prompt_weight)
-        loss = _loss(model, bt, cfg.temperature, cfg.alpha)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = optimizer_step(_loss(model, bt, cfg.temperature, cfg.alpha), model.parameters(), opt, sched)
         step += 1
-        losses.append(round(float(loss), 4))
+        losses.append(round(loss, 4))
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if step % cfg.checkpoint_every == 0:
             save()
             evals.append((step, round(agreement(model, eval_ex), 4)))
-            bar.write(f"step {step}: loss {float(loss):.3f}, held-out agreement {evals[-1][1]:.1%}")
+            bar.write(f"step {step}: loss {loss:.3f}, held-out agreement {evals[-1][1]:.1%}")
     bar.close()
     t_train = time.perf_counter() - t_train0
     save()

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.train.data import Example, choose_vocab_subset, read_records
-from draftgate.train.distill import jsonable, warmup_cosine
+from draftgate.train.distill import jsonable, kl_and_ce, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
 __all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement"]
@@ -171,13 +171,7 @@ def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, de
         rows = slice(j, j + T)  # step j at anchor t predicts row t + j's token
         tv, ti, tgt = bt["tv"][:, rows], bt["ti"][:, rows], bt["tgt"][:, rows]  # [B, T, k], [B, T]
         w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
-        log_q = torch.log_softmax(logits, dim=-1)  # [B, T, Vs]
-        has_p = torch.isfinite(tv).any(-1)
-        p = torch.softmax(tv, dim=-1).nan_to_num(0.0)  # [B, T, k]
-        kl = (p * (p.clamp_min(1e-12).log() - log_q.gather(-1, ti))).sum(-1)
-        kl = torch.where(has_p, kl, torch.zeros_like(kl))
-        ce = -log_q.gather(-1, tgt.clamp(min=0)[..., None])[..., 0]
-        ce = torch.where(tgt >= 0, ce, torch.zeros_like(ce))
+        kl, ce = kl_and_ce(logits, tv, ti, tgt)  # [B, T] each
         wj = w * (tgt >= 0) * decay ** (j - 1)
         total = total + ((alpha * kl + (1 - alpha) * ce) * wj).sum()
         norm += float(wj.sum())
@@ -277,20 +271,15 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         S = 1 if step < cfg.rollout_warmup * cfg.steps else cfg.rollout  # one step learns fastest; then the rollout
         pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
         bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
-        loss = _loss(head, bt, S, cfg.alpha, cfg.step_decay)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = optimizer_step(_loss(head, bt, S, cfg.alpha, cfg.step_decay), head.parameters(), opt, sched)
         step += 1
-        losses.append(round(float(loss.detach()), 4))
+        losses.append(round(loss, 4))
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if step % cfg.checkpoint_every == 0:
             evals.append((step, round(head_agreement(head, eval_s)[0], 4)))
             save()
-            bar.write(f"step {step}: loss {float(loss):.3f}, held-out agreement {evals[-1][1]:.1%}")
+            bar.write(f"step {step}: loss {loss:.3f}, held-out agreement {evals[-1][1]:.1%}")
     bar.close()
     t_train = time.perf_counter() - t1
     per_step = head_agreement(head, eval_s, cfg.rollout)
