@@ -67,8 +67,8 @@ def _measure(a: argparse.Namespace, target, runner: ModelRunner, head, drafter: 
         runner.truncate(0, a.ctx)
         with torch.inference_mode():
             n = seq.cache.n
-            h = head.extend(seq.cache, seq.last_h[None], torch.tensor([11]))
-            int(head.logits(h).argmax())
+            _, logits = head.step(seq.cache, torch.tensor([11]), g=seq.last_h[None])
+            int(logits.argmax())
             head.truncate(seq.cache, n)
         t2 = time.perf_counter()
         # A whole K-token draft after a round that committed 2 positions.

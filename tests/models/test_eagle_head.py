@@ -78,13 +78,22 @@ def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dt
     g = torch.Generator().manual_seed(2)
     feats = torch.randn(T, len(ref.feature_layers), C, generator=g)  # [T, nF, C]
     toks = torch.randint(0, tiny_model.config.vocab_size, (T,), generator=g)  # [T]
-    out = []
-    for head in (ref, nat):
-        cache = head.new_cache(4)
-        h = head.extend(cache, head.fused(feats), toks)  # [C]
-        h = head.extend(cache, h[None], toks[:1])  # one chain step on its own output
-        out.append(head.logits(h))  # [Vs]
+    out, hs, caches = [], [], []
+    for head in (ref, nat):  # ref: torch's ops; nat: one native call a step (models/native/head_step.h)
+        cache = head.new_cache(4)  # grows
+        h0, logits0 = head.step(cache, toks, feats=feats)  # [C], [Vs]: T true entries
+        h, logits = head.step(cache, toks[:1], g=h0[None])  # one chain step on its own output
+        assert cache.n == T + 1
+        out.append(logits)
+        hs.append(torch.cat([h0, h]))
+        caches.append(torch.cat([cache.k[:, : cache.n], cache.v[:, : cache.n]]))
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out[1], out[0], atol=tol * float(out[0].abs().max()), rtol=tol)
+    torch.testing.assert_close(hs[1], hs[0], atol=tol * float(hs[0].abs().max()), rtol=tol)
+    torch.testing.assert_close(caches[1], caches[0], atol=tol * float(caches[0].abs().max()), rtol=tol)
     if dtype == torch.float32:
         assert int(out[1].argmax()) == int(out[0].argmax())
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        nat.step(nat.new_cache(4), torch.tensor([tiny_model.config.vocab_size]), g=h0[None])
+    with pytest.raises(ValueError, match="not both"):
+        nat.step(nat.new_cache(4), toks[:1], feats=feats[:1], g=h0[None])

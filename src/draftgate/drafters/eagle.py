@@ -44,6 +44,7 @@ class _Seq:
     g_n: int = 0
     cache: HeadCache | None = None
     last_h: torch.Tensor | None = None  # [C] the head's output at its last true entry
+    last_logits: torch.Tensor | None = None  # [Vs] its logits (draft 1's)
 
 
 class EagleDrafter:
@@ -99,19 +100,18 @@ class EagleDrafter:
         first, last = c.start + c.n, n - 2  # true entries still to add: positions first..last
         if first <= last:
             toks = torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64)  # x_{t+1}
-            s.last_h = head.extend(c, head.fused(s.g[first - s.g_start : last - s.g_start + 1]), toks)
-        elif first != last + 1 or s.last_h is None:
+            s.last_h, s.last_logits = head.step(c, toks, feats=s.g[first - s.g_start : last - s.g_start + 1])
+        elif first != last + 1 or s.last_h is None or s.last_logits is None:
             return Draft([])
         true_n = c.n
         p = r.params
         ids: list[int] = []
-        h = s.last_h
-        assert h is not None
+        h, logits = s.last_h, s.last_logits
+        assert h is not None and logits is not None
         try:
             for i in range(r.k):
                 if i:
-                    h = head.extend(c, h[None], torch.tensor([ids[-1]]))
-                logits = head.logits(h)  # [Vs]
+                    h, logits = head.step(c, torch.tensor([ids[-1]]), g=h[None])  # [C], [Vs]
                 if p.greedy or r.uniforms is None:
                     j = int(logits.argmax())
                 else:  # the token the target's own draw (u_sample of row i) picks if p were q

@@ -16,6 +16,7 @@ for, and ``check_target`` refuses it for another model (``check-pair`` semantics
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -111,6 +112,9 @@ class EagleHead(nn.Module):
         self.out_rows: torch.Tensor | None = None  # [Vs, C] the target's output rows, frozen
         self._fast: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None  # drafting's products
         self._native: tuple[NativeLib, torch.dtype] | None = None
+        self._handle: int | None = None  # the native step's C struct (_native_head)
+        self._handle_keep: object = None
+        self._handle_free: weakref.finalize | None = None
         self.feature_noise = 0.0  # training only (train.eagle sets it)
 
     # ------------------------------------------------------------------ build
@@ -120,7 +124,7 @@ class EagleHead(nn.Module):
         head = weights.get("lm_head.weight", emb)
         self.embed = emb.float()  # [V, C]
         self.out_rows = head[self.vocab_ids].float().contiguous()  # [Vs, C]
-        self._fast = None
+        self._drop_fast()
         return self
 
     def init_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -220,8 +224,15 @@ class EagleHead(nn.Module):
         step streams after the target's forward has evicted the head from the cache. Drafts are
         verified, so the head's rounding changes acceptance at most, never the output.
         """
-        self._native, self._fast = (lib, dtype), None
+        self._native = (lib, dtype)
+        self._drop_fast()
         return self
+
+    def _drop_fast(self) -> None:
+        """Forget the frozen products and the native step's struct (weights or kernels changed)."""
+        if self._handle_free is not None:
+            self._handle_free()
+        self._fast, self._handle, self._handle_keep, self._handle_free = None, None, None, None
 
     def _weights(self) -> dict[str, torch.Tensor]:
         """Every product's weight [N, K], q|k|v and gate|up concatenated (one product each)."""
@@ -252,7 +263,7 @@ class EagleHead(nn.Module):
         return self._fast[name](x)
 
     def train(self, mode: bool = True) -> EagleHead:
-        self._fast = None  # weights may change
+        self._drop_fast()  # weights may change
         return super().train(mode)
 
     # -------------------------------------------------------------- training
@@ -303,17 +314,75 @@ class EagleHead(nn.Module):
         return HeadCache(z, z.clone(), 0, start)
 
     @torch.inference_mode()
+    def step(
+        self, cache: HeadCache, tokens: torch.Tensor, feats: torch.Tensor | None = None, g: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add m entries and return the last one's (h [C], logits over the subset [Vs]).
+
+        Either the target's raw features ``feats`` [m, nF, C] (the positions committed since the
+        last draft) or ``g`` [m, C] (a chain step: the head's own output); ``tokens`` [m] int64,
+        the token after each entry's position. With native kernels (``use_native``) one C call
+        does it all (models/native/head_step.h); else ``extend`` and ``logits`` in torch.
+        """
+        if (feats is None) == (g is None):
+            raise ValueError("give the target's features or g, not both")
+        if self._native is None or self.training:
+            h = self.extend(cache, self.fused(feats) if feats is not None else g, tokens)  # type: ignore[arg-type]
+            return h, self.logits(h)
+        x = (feats if feats is not None else g).to(torch.float32).contiguous()  # type: ignore[union-attr]
+        m = x.shape[0]
+        self._grow(cache, m)
+        toks = tokens.to(torch.int64).contiguous()  # [m]
+        h = torch.empty(self.tcfg.hidden_size)  # [C]
+        logits = torch.empty(self.vocab_ids.numel())  # [Vs]
+        best = torch.empty(1, dtype=torch.int64)
+        lib, handle = self._native[0], self._native_head()
+        rc = lib.cdll.dg_head_step(
+            handle, m, x.data_ptr() if feats is not None else None, x.data_ptr() if g is not None else None,
+            toks.data_ptr(), cache.start + cache.n, cache.k.data_ptr(), cache.v.data_ptr(), cache.n,
+            cache.k.shape[1], h.data_ptr(), logits.data_ptr(), best.data_ptr(),
+        )  # fmt: skip
+        if rc != 0:
+            msg = lib.cdll.dg_last_error().decode()
+            raise (IndexError if rc == 2 else RuntimeError)(f"native head step failed: {msg}")
+        cache.n += m
+        return h, logits
+
+    def _native_head(self) -> int:
+        """The C handle of this frozen head (models/native/head_step.h), built with its products."""
+        if self._fast is None:
+            self._lin("out", torch.zeros(1, self.tcfg.hidden_size))  # packs the products
+        if self._handle is None:
+            assert self._native is not None and self._fast is not None and self.embed is not None
+            lib, c = self._native[0], self.tcfg
+            keep = [t.detach().to(torch.float32).contiguous() for t in (
+                self.inv_freq, self.norm_f, self.norm_e, self.norm_g, self.norm_attn, self.norm_mlp, self.norm_out,
+            )] + [self.embed.contiguous()]  # fmt: skip
+            packed = [self._fast[k]._h for k in ("fuse", "inp", "qkv", "o", "gate_up", "down", "out")]  # type: ignore[attr-defined]
+            h = lib.cdll.dg_head_new(
+                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                len(self.feature_layers), c.rms_norm_eps, *[t.data_ptr() for t in keep[:7]], *packed,
+                keep[7].data_ptr(), keep[7].shape[0],
+            )  # fmt: skip
+            self._handle, self._handle_keep = h, (keep, dict(self._fast))  # the C struct points into these
+            self._handle_free = weakref.finalize(self, lib.cdll.dg_head_free, h)
+        return self._handle
+
+    def _grow(self, cache: HeadCache, m: int) -> None:
+        if cache.n + m > cache.k.shape[1]:
+            c = self.tcfg
+            more = max(cache.k.shape[1], m)
+            pad = torch.zeros(c.num_kv_heads, more, c.head_dim)
+            cache.k, cache.v = torch.cat([cache.k, pad], 1), torch.cat([cache.v, pad.clone()], 1)
+
+    @torch.inference_mode()
     def extend(self, cache: HeadCache, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Add m entries (g [m, C], the next tokens [m]) after the cache's; return h of the last [C].
 
         True features' entries stay; a draft's entries are dropped again with ``truncate``.
         """
-        c = self.tcfg
         m = g.shape[0]
-        if cache.n + m > cache.k.shape[1]:  # grow
-            more = max(cache.k.shape[1], m)
-            pad = torch.zeros(c.num_kv_heads, more, c.head_dim)
-            cache.k, cache.v = torch.cat([cache.k, pad], 1), torch.cat([cache.v, pad.clone()], 1)
+        self._grow(cache, m)
         u = self._input(g, tokens)[None]  # [1, m, C]
         pos = torch.arange(cache.start + cache.n, cache.start + cache.n + m)
         q, k, v = self._qkv(u, pos)  # q [1, H, m, D], k v [1, Hkv, m, D]

@@ -30,7 +30,7 @@ __all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "load_library", "LEVEL
 DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("kernels.cpp", "gemm.h", "pool.h", "simd.h")
+_SOURCES = ("kernels.cpp", "gemm.h", "pool.h", "simd.h", "head_step.h")
 LEVELS = ("avx512", "avx2", "portable")
 _MARCH = {"avx512": ["-march=x86-64-v4"], "avx2": ["-march=x86-64-v3"], "portable": []}
 _FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread"]
@@ -152,6 +152,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dg_model_free": (None, [p]),
         "dg_forward": (i, [p, i, p, p, p, i, p, p, i, p, p, i64, i, p, p, p, i, p, i, p, p]),
         "dg_profile": (i, [i, p]),
+        "dg_head_new": (p, [i, i, i, i, i, i, f, *[p] * 15, i64]),
+        "dg_head_free": (None, [p]),
+        "dg_head_step": (i, [p, i, p, p, p, i64, p, p, i64, i64, p, p, p]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -521,3 +521,5 @@ int dg_profile(int enable, double* out) {
 }
 
 }  // extern "C"
+
+#include "head_step.h"  // a draft head's step (uses the helpers above)
