@@ -97,3 +97,36 @@ def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dt
         nat.step(nat.new_cache(4), torch.tensor([tiny_model.config.vocab_size]), g=h0[None])
     with pytest.raises(ValueError, match="not both"):
         nat.step(nat.new_cache(4), toks[:1], feats=feats[:1], g=h0[None])
+
+
+def test_a_batch_of_sequences_steps_as_each_one_alone(tiny_model: LoadedModel) -> None:
+    """step_many over sequences of different lengths: the native products run once over all their
+    rows, and each sequence gets bitwise what its own step gives (torch's ops: to rounding)."""
+    from draftgate.models.native import load_library
+    from draftgate.paths import default_cache_dir
+
+    nat = _head(tiny_model).use_native(load_library(default_cache_dir()), torch.float32)  # torch's values
+    ref = _head(tiny_model)
+    C, nF, V = tiny_model.config.hidden_size, len(nat.feature_layers), tiny_model.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    lens = [5, 1, 12]
+    feats = [torch.randn(m, nF, C, generator=g) for m in lens]  # [m_b, nF, C]
+    toks = [torch.randint(0, V, (m,), generator=g) for m in lens]  # [m_b]
+    alone = []
+    for f, t in zip(feats, toks, strict=True):
+        c = nat.new_cache(8)
+        h, _ = nat.step(c, t, feats=f)
+        alone.append((c, *nat.step(c, t[:1], g=h[None])))
+    for head, exact in ((nat, True), (ref, False)):
+        caches = [head.new_cache(2 + i) for i in range(3)]  # different capacities, all grow
+        h, _ = head.step_many(caches, toks, feats=feats)  # [3, C]
+        h2, logits2 = head.step_many(caches, [t[:1] for t in toks], g=[x[None] for x in h])
+        for b, (c, hb, lb) in enumerate(alone):
+            assert caches[b].n == c.n == lens[b] + 1
+            if exact:
+                assert torch.equal(h2[b], hb) and torch.equal(logits2[b], lb)
+                assert torch.equal(caches[b].k[:, : c.n], c.k[:, : c.n])
+            else:
+                torch.testing.assert_close(logits2[b], lb, atol=1e-4 * float(lb.abs().max()), rtol=1e-4)
+    with pytest.raises(ValueError, match="one cache"):
+        nat.step_many([nat.new_cache(4)], toks, feats=feats)

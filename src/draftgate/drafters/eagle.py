@@ -78,7 +78,54 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        return [self._one(r) if r.k > 0 else Draft([]) for r in requests]
+        """Drafts for a batch: every head pass runs once over all the requests still drafting.
+
+        (Measured, docs/BENCHMARKS.md issue 13: one request at a time, a batch of 4 streamed the
+        head's weights 4 times a step.)
+        """
+        head = self.head
+        drafts = [Draft([]) for _ in requests]
+        live = [(i, r, s) for i, r in enumerate(requests) if r.k > 0 and (s := self._ready(r)) is not None]
+        absorb = [(r, s) for _, r, s in live if s.cache is not None and s.cache.start + s.cache.n <= len(r.tokens) - 2]
+        if absorb:  # the true entries since each one's last draft: positions first..last = n - 2
+            caches, toks, feats = [], [], []
+            for r, s in absorb:
+                c = s.cache
+                assert c is not None
+                first, last = c.start + c.n, len(r.tokens) - 2
+                caches.append(c)
+                toks.append(torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64))  # x_{t+1}
+                feats.append(s.g[first - s.g_start : last - s.g_start + 1])  # [m, nF, C]
+            h, logits = head.step_many(caches, toks, feats=feats)  # [B, C], [B, Vs]
+            for b, (_, s) in enumerate(absorb):
+                s.last_h, s.last_logits = h[b], logits[b]
+        live = [(i, r, s) for i, r, s in live if self._synced(r, s)]
+        true_n = [s.cache.n for _, _, s in live]  # type: ignore[union-attr]
+        ids: list[list[int]] = [[] for _ in live]
+        cur = [(s.last_h, s.last_logits) for _, _, s in live]
+        try:
+            for step in range(max((r.k for _, r, _ in live), default=0)):
+                more = []  # live indices that draft token step + 1
+                for j, (_, r, _) in enumerate(live):
+                    if step < r.k:
+                        ids[j].append(self._choose(r, cur[j][1], step))  # type: ignore[arg-type]
+                        if step + 1 < r.k:
+                            more.append(j)
+                if not more:
+                    break
+                h, logits = head.step_many(
+                    [live[j][2].cache for j in more],  # type: ignore[misc]
+                    [torch.tensor([ids[j][-1]]) for j in more],
+                    g=[cur[j][0][None] for j in more],  # type: ignore[index]
+                )  # [B', C], [B', Vs]
+                for b, j in enumerate(more):
+                    cur[j] = (h[b], logits[b])
+        finally:
+            for (_, _, s), n in zip(live, true_n, strict=True):
+                head.truncate(s.cache, n)  # type: ignore[arg-type]  # draft entries never stay
+        for (i, _, _), d in zip(live, ids, strict=True):
+            drafts[i] = Draft(d)
+        return drafts
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         pass  # the target's features (feed) are all the head needs
@@ -88,39 +135,31 @@ class EagleDrafter:
 
     # ------------------------------------------------------------ drafting
 
-    def _one(self, r: DraftRequest) -> Draft:
+    def _ready(self, r: DraftRequest) -> _Seq | None:
+        """The request's state with a head cache, or None: no features up to the pending token's predecessor."""
         s = self._seqs.get(r.seq_id)
         n = len(r.tokens)  # the pending token r.tokens[-1] sits at position n - 1
         if s is None or s.g_start + s.g_n < n - 1 or n < 2:
-            return Draft([])  # no features up to the pending token's predecessor
-        head = self.head
+            return None
         if s.cache is None:
-            s.cache = head.new_cache(max(256, s.g_n + 64), start=s.g_start)
+            s.cache = self.head.new_cache(max(256, s.g_n + 64), start=s.g_start)
+        return s
+
+    @staticmethod
+    def _synced(r: DraftRequest, s: _Seq) -> bool:
+        """The head holds exactly the true entries up to the pending token's predecessor, and their output."""
         c = s.cache
-        first, last = c.start + c.n, n - 2  # true entries still to add: positions first..last
-        if first <= last:
-            toks = torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64)  # x_{t+1}
-            s.last_h, s.last_logits = head.step(c, toks, feats=s.g[first - s.g_start : last - s.g_start + 1])
-        elif first != last + 1 or s.last_h is None or s.last_logits is None:
-            return Draft([])
-        true_n = c.n
+        return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
+
+    def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> int:
+        """Draft token i from the head's logits [Vs]: its argmax, or coupled to the target's draw."""
         p = r.params
-        ids: list[int] = []
-        h, logits = s.last_h, s.last_logits
-        assert h is not None and logits is not None
-        try:
-            for i in range(r.k):
-                if i:
-                    h, logits = head.step(c, torch.tensor([ids[-1]]), g=h[None])  # [C], [Vs]
-                if p.greedy or r.uniforms is None:
-                    j = int(logits.argmax())
-                else:  # the token the target's own draw (u_sample of row i) picks if p were q
-                    q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, Vs]
-                    j = int(sample_from_probs(q, r.uniforms[i : i + 1, 1]))
-                ids.append(int(head.vocab_ids[j]))
-        finally:
-            head.truncate(c, true_n)  # draft entries never stay
-        return Draft(ids)
+        if p.greedy or r.uniforms is None:
+            j = int(logits.argmax())
+        else:  # the token the target's own draw (u_sample of row i) picks if p were q
+            q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, Vs]
+            j = int(sample_from_probs(q, r.uniforms[i : i + 1, 1]))
+        return int(self.head.vocab_ids[j])
 
 
 def shipped_head(target: LoadedModel) -> Path | None:

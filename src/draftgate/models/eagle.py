@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -317,35 +317,64 @@ class EagleHead(nn.Module):
     def step(
         self, cache: HeadCache, tokens: torch.Tensor, feats: torch.Tensor | None = None, g: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add m entries and return the last one's (h [C], logits over the subset [Vs]).
+        """Add m entries to one sequence's cache; return the last one's (h [C], logits [Vs]).
 
-        Either the target's raw features ``feats`` [m, nF, C] (the positions committed since the
-        last draft) or ``g`` [m, C] (a chain step: the head's own output); ``tokens`` [m] int64,
-        the token after each entry's position. With native kernels (``use_native``) one C call
-        does it all (models/native/head_step.h); else ``extend`` and ``logits`` in torch.
+        ``feats`` [m, nF, C] (the target's raw features) or ``g`` [m, C] (the head's own output);
+        ``tokens`` [m]. ``step_many`` for one sequence.
+        """
+        h, logits = self.step_many([cache], [tokens], None if feats is None else [feats], None if g is None else [g])
+        return h[0], logits[0]
+
+    @torch.inference_mode()
+    def step_many(
+        self,
+        caches: Sequence[HeadCache],
+        tokens: Sequence[torch.Tensor],
+        feats: Sequence[torch.Tensor] | None = None,
+        g: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add entries to B sequences' caches; return each one's last (h [B, C], logits [B, Vs]).
+
+        Per sequence b: either the target's raw features ``feats[b]`` [m_b, nF, C] (the positions
+        committed since its last draft) or ``g[b]`` [m_b, C] (a chain step: the head's own output),
+        and ``tokens[b]`` [m_b] int64, the token after each entry's position. With native kernels
+        (``use_native``) one C call does all of it, the products once over every sequence's rows
+        (models/native/head_step.h); else ``extend`` and ``logits`` in torch, one sequence at a time.
         """
         if (feats is None) == (g is None):
             raise ValueError("give the target's features or g, not both")
+        x_list = list(feats if feats is not None else g)  # type: ignore[arg-type]
+        if not (len(caches) == len(tokens) == len(x_list)) or not caches:
+            raise ValueError("one cache, token tensor and input per sequence, at least one")
         if self._native is None or self.training:
-            h = self.extend(cache, self.fused(feats) if feats is not None else g, tokens)  # type: ignore[arg-type]
+            hs = [self.extend(c, self.fused(x) if feats is not None else x, t) for c, x, t in zip(caches, x_list, tokens, strict=True)]
+            h = torch.stack(hs)  # [B, C]
             return h, self.logits(h)
-        x = (feats if feats is not None else g).to(torch.float32).contiguous()  # type: ignore[union-attr]
-        m = x.shape[0]
-        self._grow(cache, m)
-        toks = tokens.to(torch.int64).contiguous()  # [m]
-        h = torch.empty(self.tcfg.hidden_size)  # [C]
-        logits = torch.empty(self.vocab_ids.numel())  # [Vs]
-        best = torch.empty(1, dtype=torch.int64)
+        B = len(caches)
+        m = torch.tensor([x.shape[0] for x in x_list], dtype=torch.int32)  # [B]
+        for c, mb in zip(caches, m.tolist(), strict=True):
+            self._grow(c, mb)
+        x = torch.cat(x_list).to(torch.float32).contiguous()  # [M, nF, C] or [M, C]
+        toks = torch.cat([t.reshape(-1) for t in tokens]).to(torch.int64).contiguous()  # [M]
+        if toks.numel() != int(m.sum()):
+            raise ValueError("one token per new entry")
+        meta = torch.tensor(
+            [[c.start + c.n, c.k.data_ptr(), c.v.data_ptr(), c.n, c.k.shape[1]] for c in caches], dtype=torch.int64
+        ).T.contiguous()  # [5, B]: pos0, key and value addresses, n, capacity
+        h = torch.empty(B, self.tcfg.hidden_size)  # [B, C]
+        logits = torch.empty(B, self.vocab_ids.numel())  # [B, Vs]
+        best = torch.empty(B, dtype=torch.int64)
         lib, handle = self._native[0], self._native_head()
         rc = lib.cdll.dg_head_step(
-            handle, m, x.data_ptr() if feats is not None else None, x.data_ptr() if g is not None else None,
-            toks.data_ptr(), cache.start + cache.n, cache.k.data_ptr(), cache.v.data_ptr(), cache.n,
-            cache.k.shape[1], h.data_ptr(), logits.data_ptr(), best.data_ptr(),
+            handle, B, m.data_ptr(), x.data_ptr() if feats is not None else None,
+            x.data_ptr() if g is not None else None, toks.data_ptr(),
+            *[meta[i].data_ptr() for i in range(5)], h.data_ptr(), logits.data_ptr(), best.data_ptr(),
         )  # fmt: skip
         if rc != 0:
             msg = lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native head step failed: {msg}")
-        cache.n += m
+        for c, mb in zip(caches, m.tolist(), strict=True):
+            c.n += mb
         return h, logits
 
     def _native_head(self) -> int:

@@ -154,7 +154,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dg_profile": (i, [i, p]),
         "dg_head_new": (p, [i, i, i, i, i, i, f, *[p] * 15, i64]),
         "dg_head_free": (None, [p]),
-        "dg_head_step": (i, [p, i, p, p, p, i64, p, p, i64, i64, p, p, p]),
+        "dg_head_step": (i, [p, i, p, p, p, p, p, p, p, p, p, p, p, p]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
