@@ -81,3 +81,21 @@ def test_the_engine_feeds_it_and_refuses_a_target_without_features(tiny_model: L
 
     with pytest.raises(ValueError, match="hidden states"):
         Engine(NotLocal(), _drafter(tiny_model), k=3)  # type: ignore[arg-type]
+
+
+def test_it_keeps_only_the_features_its_head_has_not_absorbed(tiny_model: LoadedModel) -> None:
+    """A long request does not hold 7 KB of raw features per position: absorbed ones are dropped,
+    and drafting in steps gives what one drafter fed everything at once gives."""
+    C = tiny_model.config.hidden_size
+    a, b = _drafter(tiny_model), _drafter(tiny_model)
+    nF = len(a.feature_layers)
+    feats = torch.randn(40, nF, C, generator=torch.Generator().manual_seed(4))  # positions 0..39
+    toks = list(range(3, 45))
+    a.feed(7, 0, feats[:30])
+    first = a.propose([DraftRequest(7, toks[:31], 3, GREEDY)])[0].token_ids
+    assert len(first) == 3 and a._seqs[7].g_n == 0  # all 30 absorbed
+    a.feed(7, 30, feats[30:])
+    b.feed(7, 0, feats)
+    req = DraftRequest(7, toks[:41], 3, GREEDY)
+    assert a.propose([req])[0].token_ids == b.propose([req])[0].token_ids
+    assert a._seqs[7].g_n == b._seqs[7].g_n == 0 and a._seqs[7].g_start == 40

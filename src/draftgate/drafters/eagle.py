@@ -39,7 +39,7 @@ __all__ = ["EagleDrafter", "shipped_head", "load_head"]
 
 @dataclass
 class _Seq:
-    g: torch.Tensor  # [cap, nF, C] the target's features, position g_start + i (fused when absorbed)
+    g: torch.Tensor  # [cap, nF, C] the target's features not yet absorbed by the head, position g_start + i
     g_start: int = 0
     g_n: int = 0
     cache: HeadCache | None = None
@@ -97,8 +97,9 @@ class EagleDrafter:
                 toks.append(torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64))  # x_{t+1}
                 feats.append(s.g[first - s.g_start : last - s.g_start + 1])  # [m, nF, C]
             h, logits = head.step_many(caches, toks, feats=feats)  # [B, C], [B, Vs]
-            for b, (_, s) in enumerate(absorb):
+            for b, (r, s) in enumerate(absorb):
                 s.last_h, s.last_logits = h[b], logits[b]
+                self._drop_absorbed(s, len(r.tokens) - 2)
         live = [(i, r, s) for i, r, s in live if self._synced(r, s)]
         true_n = [s.cache.n for _, _, s in live]  # type: ignore[union-attr]
         ids: list[list[int]] = [[] for _ in live]
@@ -144,6 +145,16 @@ class EagleDrafter:
         if s.cache is None:
             s.cache = self.head.new_cache(max(256, s.g_n + 64), start=s.g_start)
         return s
+
+    @staticmethod
+    def _drop_absorbed(s: _Seq, last: int) -> None:
+        """Forget the raw features up to position ``last`` (in the head's cache now): a long request
+        keeps the features of the positions its head has not absorbed yet, not all of them."""
+        used = last - s.g_start + 1
+        rest = s.g_n - used
+        if rest > 0:
+            s.g[:rest] = s.g[used : s.g_n].clone()
+        s.g_start, s.g_n = last + 1, max(rest, 0)
 
     @staticmethod
     def _synced(r: DraftRequest, s: _Seq) -> bool:
