@@ -53,7 +53,9 @@ def _measure(a: argparse.Namespace, target, runner: ModelRunner, head, drafter: 
     prompt = torch.randint(0, target.config.vocab_size, (a.ctx,), generator=g).tolist()
     runner.prefill(0, prompt)
     C, nF = target.config.hidden_size, len(head.feature_layers)
-    drafter.feed(1, 0, torch.randn(a.ctx, nF, C, generator=g))
+    feats = torch.randn(a.ctx, nF, C, generator=g)  # [ctx, nF, C]
+    drafter.feed(1, 0, feats)
+    last2 = feats[-2:]
     tokens = prompt + [5]
     req = DraftRequest(1, tokens, a.k, SamplingParams(max_new_tokens=64))
     drafter.propose([req])  # builds the head cache over the context
@@ -73,6 +75,8 @@ def _measure(a: argparse.Namespace, target, runner: ModelRunner, head, drafter: 
         t2 = time.perf_counter()
         # A whole K-token draft after a round that committed 2 positions.
         head.truncate(seq.cache, n - 2)
+        seq.g_start, seq.g_n = n - 2, 0  # the drafter keeps only unabsorbed features: hand it those 2 again
+        drafter.feed(1, n - 2, last2)
         drafter.propose([req])
         t3 = time.perf_counter()
         if i >= 10:

@@ -99,3 +99,5 @@ def test_it_keeps_only_the_features_its_head_has_not_absorbed(tiny_model: Loaded
     req = DraftRequest(7, toks[:41], 3, GREEDY)
     assert a.propose([req])[0].token_ids == b.propose([req])[0].token_ids
     assert a._seqs[7].g_n == b._seqs[7].g_n == 0 and a._seqs[7].g_start == 40
+    a.head.truncate(a._seqs[7].cache, 35)  # entries whose features are gone: no draft, not a wrong one
+    assert a.propose([req])[0].token_ids == []

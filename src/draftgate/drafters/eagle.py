@@ -144,6 +144,8 @@ class EagleDrafter:
             return None
         if s.cache is None:
             s.cache = self.head.new_cache(max(256, s.g_n + 64), start=s.g_start)
+        if s.cache.start + s.cache.n < s.g_start:
+            return None  # the head lacks entries whose features are gone (never in the engine)
         return s
 
     @staticmethod
