@@ -8,6 +8,12 @@ position; a draft of K tokens is one head pass over the positions committed sinc
 of the step before. Draft entries are dropped after the draft: the next round rebuilds from the
 target's true features, so a rejected draft needs no other rollback.
 
+STOPPING: the head is well calibrated (on the open-chat eval prompts its drafts are accepted
+0.91 of the time where it gives them above 0.9, 0.14 where 0.1-0.2), so a chain stops where the
+product of its drafts' probabilities falls below ``min_confidence`` (EAGLE-2's signal): the
+controller's K is the most a round drafts, the head's confidence cuts it short (docs/BENCHMARKS.md,
+issue 13).
+
 Every draft is one-hot, verified by matching the target's own choice, so the output is plain
 decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
 coupled to the target's draw: draft i is the token the target's inverse-CDF sample with its own
@@ -51,7 +57,12 @@ class EagleDrafter:
     name = "eagle"
     sampled_q = False  # one-hot drafts only (coupled to the target's uniforms when sampling)
 
-    def __init__(self, head: EagleHead) -> None:
+    def __init__(self, head: EagleHead, min_confidence: float = 0.15) -> None:
+        """``min_confidence``: a chain stops before the token at which the product of the head's
+        probabilities of its drafts would fall below this (0: always K tokens; see STOPPING)."""
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
+        self.min_confidence = min_confidence
         self.head = head.eval()
         self.feature_layers = head.feature_layers
         self._seqs: dict[int, _Seq] = {}
@@ -104,12 +115,19 @@ class EagleDrafter:
         true_n = [s.cache.n for _, _, s in live]  # type: ignore[union-attr]
         ids: list[list[int]] = [[] for _ in live]
         cur = [(s.last_h, s.last_logits) for _, _, s in live]
+        conf = [1.0] * len(live)  # product of the head's probabilities of each chain's drafts
+        going = [True] * len(live)
         try:
             for step in range(max((r.k for _, r, _ in live), default=0)):
                 more = []  # live indices that draft token step + 1
                 for j, (_, r, _) in enumerate(live):
-                    if step < r.k:
-                        ids[j].append(self._choose(r, cur[j][1], step))  # type: ignore[arg-type]
+                    if step < r.k and going[j]:
+                        tok, p = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
+                        conf[j] *= p
+                        if conf[j] < self.min_confidence:
+                            going[j] = False  # too unlikely to be accepted: the chain ends here
+                            continue
+                        ids[j].append(tok)
                         if step + 1 < r.k:
                             more.append(j)
                 if not more:
@@ -164,15 +182,20 @@ class EagleDrafter:
         c = s.cache
         return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
 
-    def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> int:
-        """Draft token i from the head's logits [Vs]: its argmax, or coupled to the target's draw."""
+    def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> tuple[int, float]:
+        """Draft token i from the head's logits [Vs] and the head's probability of it.
+
+        Greedy: its argmax (probability at temperature 1); sampling: the token the target's own
+        draw (u_sample of row i) picks if the target's distribution were the head's (its q).
+        """
         p = r.params
         if p.greedy or r.uniforms is None:
-            j = int(logits.argmax())
-        else:  # the token the target's own draw (u_sample of row i) picks if p were q
-            q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, Vs]
-            j = int(sample_from_probs(q, r.uniforms[i : i + 1, 1]))
-        return int(self.head.vocab_ids[j])
+            q = torch.softmax(logits, dim=-1)  # [Vs]
+            j = int(q.argmax())
+        else:
+            q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)[0]  # [Vs]
+            j = int(sample_from_probs(q[None], r.uniforms[i : i + 1, 1]))
+        return int(self.head.vocab_ids[j]), float(q[j])
 
 
 def shipped_head(target: LoadedModel) -> Path | None:
