@@ -939,7 +939,9 @@ def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engin
         pools = dict(eng._pools)  # noqa: SLF001
     assert res[0].token_ids == plain.token_ids
     good, junk = drafter.ks["two+oracle"], drafter.ks["two+junk"]
-    assert len(junk) >= 8 and max(good) == 8
+    # junk drafts only on its controller's probes once it has learned (13-16 calls in a quiet run,
+    # 7 once under a loaded full suite): enough of them to have learned, the pool says what
+    assert len(junk) >= 4 and max(good) == 8
     assert pools["two+oracle"].alpha() > 0.9 and pools["two+junk"].alpha() < 0.15, (
         pools["two+oracle"].alpha(), pools["two+junk"].alpha())  # fmt: skip
 
