@@ -116,17 +116,15 @@ class EagleDrafter:
         ids: list[list[int]] = [[] for _ in live]
         cur = [(s.last_h, s.last_logits) for _, _, s in live]
         conf = [1.0] * len(live)  # product of the head's probabilities of each chain's drafts
-        going = [True] * len(live)
         try:
             for step in range(max((r.k for _, r, _ in live), default=0)):
                 more = []  # live indices that draft token step + 1
                 for j, (_, r, _) in enumerate(live):
-                    if step < r.k and going[j]:
+                    if step < r.k and conf[j] >= self.min_confidence:  # below it, the chain has ended
                         tok, p = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
                         conf[j] *= p
                         if conf[j] < self.min_confidence:
-                            going[j] = False  # too unlikely to be accepted: the chain ends here
-                            continue
+                            continue  # too unlikely to be accepted: the chain ends before it
                         ids[j].append(tok)
                         if step + 1 < r.k:
                             more.append(j)

@@ -252,7 +252,11 @@ class EagleHead(nn.Module):
             if name == "gate_up":
                 return torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
             return F.linear(x, self.out_rows) if name == "out" else getattr(self, _MODULES[name])(x)
-        if self._fast is None:  # a frozen head: built once
+        return self._products()[name](x)
+
+    def _products(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """The frozen head's products (native PackedLinear with ``use_native``, else F.linear), built once."""
+        if self._fast is None:
             with torch.no_grad():
                 w = {k: v.detach().contiguous() for k, v in self._weights().items()}
                 if self._native is not None:
@@ -260,7 +264,7 @@ class EagleHead(nn.Module):
                     self._fast = {k: PackedLinear(lib, v, dtype) for k, v in w.items()}
                 else:
                     self._fast = {k: partial(F.linear, weight=v) for k, v in w.items()}
-        return self._fast[name](x)
+        return self._fast
 
     def train(self, mode: bool = True) -> EagleHead:
         self._drop_fast()  # weights may change
@@ -379,21 +383,20 @@ class EagleHead(nn.Module):
 
     def _native_head(self) -> int:
         """The C handle of this frozen head (models/native/head_step.h), built with its products."""
-        if self._fast is None:
-            self._lin("out", torch.zeros(1, self.tcfg.hidden_size))  # packs the products
         if self._handle is None:
-            assert self._native is not None and self._fast is not None and self.embed is not None
+            fast = self._products()
+            assert self._native is not None and self.embed is not None
             lib, c = self._native[0], self.tcfg
             keep = [t.detach().to(torch.float32).contiguous() for t in (
                 self.inv_freq, self.norm_f, self.norm_e, self.norm_g, self.norm_attn, self.norm_mlp, self.norm_out,
             )] + [self.embed.contiguous()]  # fmt: skip
-            packed = [self._fast[k]._h for k in ("fuse", "inp", "qkv", "o", "gate_up", "down", "out")]  # type: ignore[attr-defined]
+            packed = [fast[k]._h for k in ("fuse", "inp", "qkv", "o", "gate_up", "down", "out")]  # type: ignore[attr-defined]
             h = lib.cdll.dg_head_new(
                 c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                 len(self.feature_layers), c.rms_norm_eps, *[t.data_ptr() for t in keep[:7]], *packed,
                 keep[7].data_ptr(), keep[7].shape[0],
             )  # fmt: skip
-            self._handle, self._handle_keep = h, (keep, dict(self._fast))  # the C struct points into these
+            self._handle, self._handle_keep = h, (keep, dict(fast))  # the C struct points into these
             self._handle_free = weakref.finalize(self, lib.cdll.dg_head_free, h)
         return self._handle
 
