@@ -483,6 +483,19 @@ def test_catch_up_cost_is_a_median_per_token_and_zero_before_any_call() -> None:
         cost.observe_catch_up("m", 0, 1.0)
 
 
+def test_catch_up_price_weighs_each_call_by_its_tokens() -> None:
+    """Calls that caught up on a token or two are noise over a tiny denominator: a prompt's
+    catch-up outweighs them (the head's: 0.03 ms a token, 3 ms "a token" after one plain round)."""
+    cost = CostModel()
+    cost.observe_catch_up("head", 50, 50 * 3e-5)  # a prompt
+    for _ in range(4):
+        cost.observe_catch_up("head", 1, 3e-3)  # a plain round's token, inside the timing noise
+    assert cost.catch_up_time("head", 50) == pytest.approx(50 * 3e-5)
+    for _ in range(60):  # only the window's calls count: the prompt's ages out
+        cost.observe_catch_up("head", 1, 3e-3)
+    assert cost.catch_up_time("head", 50) == pytest.approx(50 * 3e-3)
+
+
 def _catching_up(alpha: float, draft_per_token: float, catch_per_token: float) -> tuple[GoodputController, CostModel]:
     cost = measured(linear)
     for k in range(1, K_MAX + 1):

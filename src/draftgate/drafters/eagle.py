@@ -63,7 +63,7 @@ class EagleDrafter:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         self.min_confidence = min_confidence
-        self.head = head.eval()
+        self.head = head.eval().prepare()  # its first draft call is not a cold one
         self.feature_layers = head.feature_layers
         self._seqs: dict[int, _Seq] = {}
 

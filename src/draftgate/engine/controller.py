@@ -98,7 +98,7 @@ class CostModel:
         self._draft_fit: dict[str, tuple[float, float]] = {}  # drafter -> (overhead, per-token); lazy
         self._forwards = 0  # forward observations so far
         self._last_seen: dict[int, int] = {}  # bucket -> value of _forwards when it was last observed
-        self._catch_up: dict[str, deque[float]] = {}  # drafter -> last `window` seconds per caught-up token
+        self._catch_up: dict[str, deque[tuple[float, int]]] = {}  # drafter -> last `window` (seconds a token, tokens)
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
         """One target forward over num_tokens tokens in total (all sequences) took seconds."""
@@ -187,12 +187,32 @@ class CostModel:
         """
         _check(num_tokens, 1, max(0.0, seconds))
         obs = self._catch_up.setdefault(drafter, deque(maxlen=self._window))
-        obs.append(max(0.0, seconds) / num_tokens)
+        obs.append((max(0.0, seconds) / num_tokens, num_tokens))
 
     def catch_up_time(self, drafter: str, num_tokens: int) -> float:
-        """Estimated seconds to bring drafter up to date on num_tokens tokens (0 before any observation)."""
+        """Estimated seconds to bring drafter up to date on num_tokens tokens (0 before any observation).
+
+        The per-token price is the window's median weighted by tokens: a call that caught up on 1-2
+        tokens (after a plain round) is mostly timing noise over a tiny denominator (measured: 3.4 ms
+        "a token" for a head whose prompt catch-up costs 0.03 ms a token), and must not price a
+        50-token prompt's catch-up; a median still ignores one slow call.
+        """
         obs = self._catch_up.get(drafter)
-        return statistics.median(obs) * num_tokens if obs and num_tokens > 0 else 0.0
+        if not obs or num_tokens <= 0:
+            return 0.0
+        ranked = sorted(obs)
+        half, run = sum(n for _, n in ranked) / 2.0, 0
+        for i, (t, n) in enumerate(ranked):
+            run += n
+            if run > half:
+                return t * num_tokens
+            if run == half:  # an even split: between this price and the next
+                return (t + ranked[i + 1][0]) / 2.0 * num_tokens
+        raise AssertionError("unreachable: the weights sum to more than half")
+
+    def draft_priced(self, drafter: str) -> bool:
+        """Whether a steady-state call of drafter has been timed (``draft_time`` is a measurement, not 0)."""
+        return bool(self._draft.get(drafter))
 
     def draft_time(self, drafter: str, k: int) -> float:
         """Estimated seconds of a draft call whose longest draft is k tokens; 0 for k == 0 or before any call."""
