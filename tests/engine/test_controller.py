@@ -11,6 +11,7 @@ import pytest
 
 from draftgate.engine.controller import (
     DOWN_PROBE_EVERY,
+    FEW_CATCH_UPS,
     FEW_PLAIN_TIMINGS,
     AcceptancePool,
     AcceptanceTracker,
@@ -496,11 +497,14 @@ def test_catch_up_price_weighs_each_call_by_its_tokens() -> None:
     assert cost.catch_up_time("head", 50) == pytest.approx(50 * 3e-3)
 
 
-def _catching_up(alpha: float, draft_per_token: float, catch_per_token: float) -> tuple[GoodputController, CostModel]:
+def _catching_up(
+    alpha: float, draft_per_token: float, catch_per_token: float, timings: int = FEW_CATCH_UPS
+) -> tuple[GoodputController, CostModel]:
     cost = measured(linear)
     for k in range(1, K_MAX + 1):
         cost.observe_draft("m", k, draft_per_token * k)
-    cost.observe_catch_up("m", 10, 10 * catch_per_token)
+    for _ in range(timings):
+        cost.observe_catch_up("m", 10, 10 * catch_per_token)
     ctl = GoodputController(K_MAX, "m")
     rng = random.Random(0)
     for _ in range(40):
@@ -528,6 +532,13 @@ def test_probes_are_skipped_when_their_catch_up_cannot_pay() -> None:
     ks = [ctl.choose_k(cost, catch_up=20 + i, remaining=30) for i in range(300)]
     assert set(ks) == {0} and ctl.probes == 0
     assert ctl.interval == ctl.max_probe_interval  # each skipped probe backed off
+
+
+def test_probes_go_ahead_while_the_catch_up_price_rests_on_few_timings() -> None:
+    """One slow first timing must not price a drafter out for good: a skipped probe measures nothing."""
+    ctl, cost = _catching_up(alpha=0.0, draft_per_token=0.3, catch_per_token=1.0, timings=1)
+    ks = [ctl.choose_k(cost, catch_up=20, remaining=30) for _ in range(40)]
+    assert ctl.probes > 0 and any(ks)  # the same price as the test above, from one timing
 
 
 # ------------------------------------------------------------------ re-measuring plain decoding

@@ -42,6 +42,12 @@ POOL_WEIGHT: Final = 4.0  # a pooled prior counts as this many of the request's 
 DOWN_PROBE_EVERY: Final = 128
 DOWN_PROBE_EVERY_FEW: Final = 16
 FEW_PLAIN_TIMINGS: Final = 5
+# A probe whose catch-up looks too dear to repay goes ahead anyway while the drafter's catch-up
+# price rests on fewer timings than this: a refused probe measures nothing, so one slow first
+# timing (a cold call, a GC pause) would otherwise price the drafter out of short requests for good
+# (a loaded CI run: the head drafted 2 tokens in 93 rounds). An expensive drafter pays for such
+# probes only until its window holds this many timings.
+FEW_CATCH_UPS: Final = 3
 
 
 def _prior(n: float) -> float:
@@ -188,6 +194,11 @@ class CostModel:
         _check(num_tokens, 1, max(0.0, seconds))
         obs = self._catch_up.setdefault(drafter, deque(maxlen=self._window))
         obs.append((max(0.0, seconds) / num_tokens, num_tokens))
+
+    def catch_up_timings(self, drafter: str) -> int:
+        """How many catch-up timings of drafter the window holds."""
+        obs = self._catch_up.get(drafter)
+        return len(obs) if obs is not None else 0
 
     def catch_up_time(self, drafter: str, num_tokens: int) -> float:
         """Estimated seconds to bring drafter up to date on num_tokens tokens (0 before any observation).
@@ -459,7 +470,9 @@ class GoodputController:
         elif self.k_max > 0 and self._zero_run >= self.interval:
             self._zero_run = 0
             k = self.probe_k or self._probe_size(cost, other_tokens)
-            if self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=OPTIMISM):
+            if cost.catch_up_timings(self.drafter) < FEW_CATCH_UPS or self._worth_catching_up(
+                cost, other_tokens, catch_up, remaining, k, z=OPTIMISM
+            ):
                 self._probing, self._probe_seen = True, False
                 self.probes += 1
             else:  # even an optimistic probe would not repay its catch-up: back off without it
