@@ -113,3 +113,15 @@ def test_distill_eagle_then_generate_with_the_head(
     rc2, spec, _ = _gen(capsys, *common, "--drafter", "eagle", "--draft-head", str(out), "--k", "3")
     assert rc == rc2 == 0 and json.loads(spec)["token_ids"] == json.loads(plain)["token_ids"]
     assert json.loads(spec)["spec"]["drafter"] == "eagle"
+
+
+def test_demo_pairs_runs_and_reports_the_range(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every built-in prompt, each run's ratio paired, identical outputs in every run."""
+    rc = main(["demo", "--model", str(tiny_model_dir), "--drafter", "ngram", "--k", "2", "--runs", "2",
+               "--max-new-tokens", "6"])  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "plain tok/s" not in line]
+    assert rc == 0 and len(rows) == 6
+    assert all(r.rstrip(" |").endswith("yes") and "x [" in r for r in rows), rows
+    assert main(["demo", "--model", str(tiny_model_dir), "--runs", "0"]) == 2
+    assert "--runs must be >= 1" in capsys.readouterr().err

@@ -26,12 +26,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("demo", help="plain vs speculative decoding on built-in prompts", description=__doc__)
     add_engine_args(p, default_drafter="auto")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=1, help="repetitions (arms interleaved); medians are shown")
+    p.add_argument(
+        "--runs", type=int, default=3,
+        help="runs per prompt, plain and speculative alternating which goes first; the speedup shown is "
+        "the median of the runs' ratios [min-max] (default: %(default)s; one run on a shared machine "
+        "can be off by 20%%)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(a: argparse.Namespace) -> int:
     spec_cfg = engine_config(a)
+    if a.runs < 1:
+        print("draftgate: error: --runs must be >= 1", file=sys.stderr)
+        return 2
     if spec_cfg.drafter == DrafterKind.NONE:
         print("draftgate: error: the demo compares against plain decoding; pick a drafter", file=sys.stderr)
         return 2
@@ -47,25 +55,32 @@ def run(a: argparse.Namespace) -> int:
             prompt = pr["turns"][0]
             times: dict[str, list[float]] = {"plain": [], "spec": []}
             outs = {}
-            for _ in range(a.runs):
-                for name, eng in arms.items():  # interleaved: plain, spec, plain, spec...
-                    c = eng.complete(prompt, params)
+            same = True
+            for r in range(a.runs):
+                # Each run from the same drafter memory (the suffix trie keeps finished answers: a
+                # repeated prompt would be drafted from the last run's), the arms alternating first.
+                forget = getattr(arms["spec"].drafter, "forget", None)
+                if forget is not None:
+                    forget()
+                for name in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
+                    c = arms[name].complete(prompt, params)
                     times[name].append(c.completion_tokens / c.elapsed_s)
                     outs[name] = c
-            tp, ts = statistics.median(times["plain"]), statistics.median(times["spec"])
+                same &= outs["spec"].token_ids == outs["plain"].token_ids
+            ratios = [ts / tp for tp, ts in zip(times["plain"], times["spec"], strict=True)]  # paired by run
             st = outs["spec"].stats
             rows.append(
                 (
                     pr["category"],
-                    tp,
-                    ts,
-                    ts / tp,
+                    statistics.median(times["plain"]),
+                    statistics.median(times["spec"]),
+                    (statistics.median(ratios), min(ratios), max(ratios)),
                     st.acceptance_rate,
                     st.mean_accepted_length,
-                    outs["spec"].token_ids == outs["plain"].token_ids,
+                    same,
                 )
             )
-            print(f"  [{i + 1}/{len(prompts)}] {pr['category']}: {ts / tp:.2f}x", file=sys.stderr)
+            print(f"  [{i + 1}/{len(prompts)}] {pr['category']}: {_speedup(rows[-1][3])}", file=sys.stderr)
     finally:
         for e in arms.values():
             e.shutdown()
@@ -76,8 +91,15 @@ def run(a: argparse.Namespace) -> int:
 def _print_table(rows: list[tuple], cfg: EngineConfig) -> None:  # type: ignore[type-arg]
     k = "auto" if cfg.k is None else str(cfg.k)
     print(f"\nDraftGate demo: {cfg.model}, drafter={cfg.drafter.value}, K={k}, greedy, {cfg.device}")
+    print("tok/s: medians over the runs; speedup: the median of each run's spec/plain ratio [min-max]")
     head = ("prompt", "plain tok/s", "spec tok/s", "speedup", "acceptance", "mean acc. len", "identical")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for cat, tp, ts, sp, acc, mal, same in rows:
-        print(f"| {cat} | {tp:.1f} | {ts:.1f} | {sp:.2f}x | {acc:.2f} | {mal:.2f} | {'yes' if same else 'NO'} |")
+        print(f"| {cat} | {tp:.1f} | {ts:.1f} | {_speedup(sp)} | {acc:.2f} | {mal:.2f} | {'yes' if same else 'NO'} |")
+
+
+def _speedup(sp: tuple[float, float, float]) -> str:
+    """Median of the runs' ratios, with their range when there were several runs."""
+    med, lo, hi = sp
+    return f"{med:.2f}x" if lo == hi else f"{med:.2f}x [{lo:.2f}-{hi:.2f}]"
