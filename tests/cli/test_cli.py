@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from draftgate.cli.demo import _speedup
 from draftgate.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,6 +124,8 @@ def test_demo_pairs_runs_and_reports_the_range(tiny_model_dir: Path, capsys: pyt
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "plain tok/s" not in line]
     assert rc == 0 and len(rows) == 6
-    assert all(r.rstrip(" |").endswith("yes") and "x [" in r for r in rows), rows
+    speedup = re.compile(r"\| \d+\.\d\dx( \[\d+\.\d\d-\d+\.\d\d\])? \|")  # the range unless the runs tied
+    assert all(r.rstrip(" |").endswith("yes") and speedup.search(r) for r in rows), rows
+    assert _speedup((1.2, 1.1, 1.3)) == "1.20x [1.10-1.30]" and _speedup((1.2, 1.2, 1.2)) == "1.20x"
     assert main(["demo", "--model", str(tiny_model_dir), "--runs", "0"]) == 2
     assert "--runs must be >= 1" in capsys.readouterr().err

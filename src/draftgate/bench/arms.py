@@ -48,10 +48,8 @@ class EngineArm:
             yield Piece(len(c.token_ids), c.text, list(c.token_ids), c.stats)
 
     def forget(self) -> None:
-        """A new run: the drafter forgets earlier runs' answers (the suffix trie keeps finished outputs)."""
-        forget = getattr(self.engine.drafter, "forget", None)
-        if forget is not None:
-            forget()
+        """A new run: the drafter forgets earlier runs' answers (``Engine.forget_finished``)."""
+        self.engine.forget_finished()
 
     def close(self) -> None:
         self.engine.shutdown()

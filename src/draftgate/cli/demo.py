@@ -59,9 +59,7 @@ def run(a: argparse.Namespace) -> int:
             for r in range(a.runs):
                 # Each run from the same drafter memory (the suffix trie keeps finished answers: a
                 # repeated prompt would be drafted from the last run's), the arms alternating first.
-                forget = getattr(arms["spec"].drafter, "forget", None)
-                if forget is not None:
-                    forget()
+                arms["spec"].forget_finished()
                 for name in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
                     c = arms[name].complete(prompt, params)
                     times[name].append(c.completion_tokens / c.elapsed_s)

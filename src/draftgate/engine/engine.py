@@ -114,6 +114,13 @@ class Engine(Frontend):
             self._thread.start()
         return self
 
+    def forget_finished(self) -> None:
+        """The drafter drops its memory of finished requests (the suffix trie keeps their outputs):
+        a benchmark's next run starts from the same drafter memory, not from the last run's answers."""
+        forget = getattr(self.drafter, "forget", None)
+        if forget is not None:
+            forget()
+
     def shutdown(self) -> None:
         """Stop the loop; requests still in flight end with an 'abort' chunk (nobody waits forever)."""
         self._stop = True
