@@ -7,7 +7,7 @@ import torch
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.train.data import Record, build_corpus
-from draftgate.train.states import generate_states
+from draftgate.train.states import generate_states, sample_rows
 
 LAYERS = (1, 2)
 
@@ -55,3 +55,17 @@ def test_sampled_continuations_are_more_of_the_targets_text_and_seeded(tiny_mode
     assert [s.tokens.tolist() for s in a] == [s.tokens.tolist() for s in b]
     assert [s.tokens.tolist() for s in a] != [s.tokens.tolist() for s in c]
     assert any(x.tokens.tolist() != y.tokens.tolist() for x, y in zip(a[1::3], a[::3], strict=True))
+
+
+def test_sample_rows_draws_each_rows_softmax() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, -30.0], [3.0, 0.0, 0.0, 0.0]])  # [2, 4]
+    t, n = 0.8, 20000
+    got = torch.tensor(sample_rows(logits.repeat(n, 1), t, torch.Generator().manual_seed(0))).view(n, 2)
+    counts = torch.stack([torch.bincount(got[:, r], minlength=4) for r in range(2)]).float()  # [2, 4]
+    p = torch.softmax(logits / t, dim=-1)  # [2, 4]
+    expected = p * n
+    chi2 = ((counts - expected) ** 2 / expected.clamp_min(1e-9)).sum(dim=-1)  # [2]
+    assert counts[0, 3] == 0  # p = 1e-17: never drawn
+    assert bool((chi2 < 16.3).all()), chi2  # 3 degrees of freedom, p = 0.001
+    a = sample_rows(logits, t, torch.Generator().manual_seed(5))
+    assert a == sample_rows(logits, t, torch.Generator().manual_seed(5))
