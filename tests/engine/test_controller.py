@@ -13,6 +13,7 @@ from draftgate.engine.controller import (
     DOWN_PROBE_EVERY,
     FEW_CATCH_UPS,
     FEW_PLAIN_TIMINGS,
+    STALE_AFTER,
     AcceptancePool,
     AcceptanceTracker,
     CostModel,
@@ -561,3 +562,29 @@ def test_down_probes_cost_a_winning_speculation_almost_nothing() -> None:
     got, ks, ctl = simulate(0.9, linear, 3000, seed=3, cost=measured(linear))
     best = max(fixed_goodput(0.9, linear, k) for k in range(K_MAX + 1))
     assert got >= 0.97 * best and ctl.down_probes <= 3000 // DOWN_PROBE_EVERY + 1
+
+
+def test_a_plain_price_from_a_slower_minute_is_replaced_once_stale() -> None:
+    """The machine ran 1.6x slower while plain decoding was timed, then sped up: 2-row rounds timed
+    since looked cheaper than a 1-row one, and a request whose drafts were never accepted drafted
+    K = 1 in every round (engine, built-in code prompts). A size not timed for STALE_AFTER forwards
+    starts its window again at its next timing (the down-probe), so K returns to 0."""
+    cost = CostModel()
+    for _ in range(15):
+        cost.observe_forward(1, 1.6 * linear(1))  # the slow minute
+    for _ in range(STALE_AFTER):
+        cost.observe_forward(2, linear(2))  # the machine as it is now
+    cost.observe_forward(1, linear(1))
+    assert cost.forward_time(1) == linear(1) and cost.timings(1) == 1
+    assert cost.forward_time(2) == linear(2) and cost.timings(2) == 15  # timed all along: kept
+    for _ in range(STALE_AFTER):
+        cost.observe_forward(2, linear(2))
+    cost.observe_forward(1, 1.1 * linear(1))  # stale, but within STALE_SHIFT of its median: joins it
+    assert cost.timings(1) == 2
+    for seed in range(3):
+        cost = CostModel()
+        for _ in range(15):
+            cost.observe_forward(1, 1.6 * linear(1))
+        got, ks, ctl = simulate(0.0, linear, 2000, seed, cost=cost)
+        assert sum(1 for k in ks[-1000:] if k) <= 40, (seed, sum(1 for k in ks[-1000:] if k))  # probes only
+        assert got >= 0.95 * fixed_goodput(0.0, linear, 0), (seed, got)  # kept for good: 1 / 1.1 = 0.91

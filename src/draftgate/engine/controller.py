@@ -42,6 +42,17 @@ POOL_WEIGHT: Final = 4.0  # a pooled prior counts as this many of the request's 
 DOWN_PROBE_EVERY: Final = 128
 DOWN_PROBE_EVERY_FEW: Final = 16
 FEW_PLAIN_TIMINGS: Final = 5
+# A forward size not timed for STALE_AFTER forwards whose next timing is more than STALE_SHIFT off
+# its window's median starts its window again from that timing: this machine's speed drifts (one-
+# token forwards moved between 22 and 40 ms within minutes), so timings from before a long run of
+# other sizes can price the machine as it was. Measured: plain decoding's price kept from a slow
+# minute (42.8 ms) against 2-row rounds timed since (31-37 ms) made every round of a request whose
+# drafts were never accepted draft K = 1 (83 rounds, 1 token accepted). With a fresh window plain
+# has few timings, so down-probes come every DOWN_PROBE_EVERY_FEW forwards until it has
+# FEW_PLAIN_TIMINGS again; a timing that agrees with the stale median joins it as usual (no extra
+# down-probes where the machine has not moved).
+STALE_AFTER: Final = 64
+STALE_SHIFT: Final = 0.2
 # A probe whose catch-up looks too dear to repay goes ahead anyway while the drafter's catch-up
 # price rests on fewer timings than this: a refused probe measures nothing, so one slow first
 # timing (a cold call, a GC pause) would otherwise price the drafter out of short requests for good
@@ -115,6 +126,8 @@ class CostModel:
         if obs is None:
             insort(self._keys, key)
             obs = self._obs[key] = deque(maxlen=self._window)
+        elif self._forwards - self._last_seen[key] >= STALE_AFTER and abs(t / self._fwd[key] - 1.0) > STALE_SHIFT:
+            obs.clear()  # the machine has moved since this size was last timed: start it again
         obs.append(t)
         self._fwd[key] = statistics.median(obs)
         self._prefix_min = self._slope = None
