@@ -8,10 +8,11 @@ generating (a prefill is compute-bound, like a batch of 16 decode rows), so gene
 recording at once halves the data time (docs/BENCHMARKS.md, issue 13).
 
 Decoding is continuous batching by hand on one ``ModelRunner`` (up to ``batch`` sequences a
-step, a finished one replaced by the next prompt; 32 rows make 1.3x the tokens a second of 16). Continuation 0 of a prompt is the target's
-greedy one (the native kernels are batch invariant, so it is plain decoding's, token for token);
-continuations 1.. are sampled at ``temperature`` with a seeded generator: more of the target's own
-text from the same prompts (their labels are the target's logits at every position either way).
+step, a finished one replaced by the next prompt; 32 rows make 1.3x the tokens a second of 16).
+Continuation 0 of a prompt is the target's greedy one (the native kernels are batch invariant, so
+it is plain decoding's, token for token); continuations 1.. are sampled at ``temperature`` with a
+seeded generator: more of the target's own text from the same prompts (their labels are the
+target's logits at every position either way).
 """
 
 from __future__ import annotations
@@ -96,11 +97,14 @@ def generate_states(
     live: dict[int, _Live] = {}
     bar = tqdm(total=len(todo), desc="target states", unit="seq", disable=not progress)
 
-    def record(s: _Live, logits: torch.Tensor, feats: torch.Tensor) -> None:  # logits [n, V], feats [n, nF, C]
-        v, i = logits.topk(top_k, dim=-1)  # [n, k]
-        s.top_v.append(v.half())
-        s.top_i.append(i.int())
-        s.feats.append(feats.half())
+    def top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # logits [n, V] -> [n, k] each
+        v, i = logits.topk(top_k, dim=-1)
+        return v.half(), i.int()
+
+    def keep(s: _Live, top_v: torch.Tensor, top_i: torch.Tensor, feats: torch.Tensor) -> None:  # rows of s
+        s.top_v.append(top_v)
+        s.top_i.append(top_i)
+        s.feats.append(feats)
 
     def choose(seqs: Sequence[_Live], logits: torch.Tensor, argmax: torch.Tensor) -> list[int]:
         """Each sequence's next token from its row of ``logits`` [n, V] (``argmax`` [n])."""
@@ -110,7 +114,7 @@ def generate_states(
         rows = [b for b, s in enumerate(seqs) if not s.greedy]
         if rows:
             for b, t in zip(rows, sample_rows(logits[rows], temperature, gen), strict=True):
-                picks[b] = t
+                picks[b] = t  # the sampled continuations' rows
         return picks
 
     def finish(sid: int) -> None:
@@ -130,7 +134,7 @@ def generate_states(
             piece = rows[a : a + chunk]
             res = runner.forward_flat([ForwardItem(sid, piece, len(piece))], layers)  # every row's logits
             assert res.features is not None
-            record(s, res.logits, res.features)
+            keep(s, *top(res.logits), res.features.half())
         if not n_new:
             finish(sid)
             return
@@ -153,12 +157,10 @@ def generate_states(
             res = runner.forward_flat([ForwardItem(s.index, s.tokens[-1:], 1) for s in seqs], layers)
             assert res.features is not None
             picks = choose(seqs, res.logits, res.argmax)
-            top_v, top_i = res.logits.topk(top_k, dim=-1)  # [n, k] each: one call for the step's rows
-            top_v, top_i, feats = top_v.half(), top_i.int(), res.features.half()
+            top_v, top_i = top(res.logits)  # one top-k for the step's rows
+            feats = res.features.half()  # [n, nF, C]
             for b, s in enumerate(seqs):
-                s.top_v.append(top_v[b : b + 1])
-                s.top_i.append(top_i[b : b + 1])
-                s.feats.append(feats[b : b + 1])
+                keep(s, top_v[b : b + 1], top_i[b : b + 1], feats[b : b + 1])
                 s.tokens.append(picks[b])
                 s.left -= 1
                 if s.left == 0 or s.tokens[-1] in eos:
