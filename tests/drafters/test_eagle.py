@@ -101,3 +101,21 @@ def test_it_keeps_only_the_features_its_head_has_not_absorbed(tiny_model: Loaded
     assert a._seqs[7].g_n == b._seqs[7].g_n == 0 and a._seqs[7].g_start == 40
     a.head.truncate(a._seqs[7].cache, 35)  # entries whose features are gone: no draft, not a wrong one
     assert a.propose([req])[0].token_ids == []
+
+
+def test_a_chain_runs_the_next_head_step_only_while_its_confidence_could_pass(tiny_model: LoadedModel) -> None:
+    """min_continue: below it the chain ends without the head step for a token that would rarely pass
+    min_confidence (each step costs a few percent of a target forward); at min_confidence, every step runs."""
+    d = _drafter(tiny_model)
+    C, nF = tiny_model.config.hidden_size, len(d.feature_layers)
+    d.feed(1, 0, torch.randn(4, nF, C, generator=torch.Generator().manual_seed(1)))
+    req = DraftRequest(1, [1, 2, 3, 4, 5], 4, GREEDY)
+    calls = []
+    step_many = d.head.step_many
+    d.head.step_many = lambda *a, **kw: calls.append(1) or step_many(*a, **kw)  # type: ignore[method-assign]
+    full = d.propose([req])[0].token_ids
+    assert len(full) == 4 and len(calls) == 4  # absorb + 3 chain steps
+    d.min_continue, calls[:] = 1.0, []  # a random head's probabilities are far below 1
+    assert d.propose([req])[0].token_ids == full[:1] and calls == []  # the head's output at the pending token is kept
+    with pytest.raises(ValueError, match="min_continue"):
+        EagleDrafter(d.head, min_confidence=0.3, min_continue=0.2)
