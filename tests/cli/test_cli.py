@@ -103,13 +103,15 @@ def test_distill_eagle_then_generate_with_the_head(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`distill --kind eagle` writes a head folder that `generate --drafter eagle --draft-head` runs, losslessly."""
-    data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["hello world", "the a b", "1 2 3", "is of"]))
+    data, more = tmp_path / "d.jsonl", tmp_path / "e.jsonl"  # --data takes several files
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["hello world", "the a b", "1 2 3"]))
+    more.write_text(json.dumps({"prompt": "is of"}) + "\n")
     out = tmp_path / "head"
-    rc = main(["distill", "--kind", "eagle", "--target", str(tiny_model_dir), "--data", str(data), "--out", str(out),
-               "--steps", "4", "--batch", "2", "--vocab-subset", "32", "--max-new-tokens", "8", "--json"])  # fmt: skip
+    rc = main(["distill", "--kind", "eagle", "--target", str(tiny_model_dir), "--data", str(data), str(more), "--out",
+               str(out), "--steps", "4", "--batch", "2", "--vocab-subset", "32", "--max-new-tokens", "8", "--json"])  # fmt: skip
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and report["steps"] == 4 and (out / "head.json").is_file()
+    assert report["examples"] == 4 and json.loads((out / "head.json").read_text())["trained"]["data"] == f"{data} {more}"
     common = ["hello world the", "--model", str(tiny_model_dir), "--max-new-tokens", "12", "--json", "--raw"]
     rc, plain, _ = _gen(capsys, *common, "--drafter", "none")
     rc2, spec, _ = _gen(capsys, *common, "--drafter", "eagle", "--draft-head", str(out), "--k", "3")

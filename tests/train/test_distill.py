@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.models.llama import VOCAB_SUBSET_KEY
-from draftgate.train.data import read_records
+from draftgate.train.data import data_bytes, read_records
 from draftgate.train.distill import DistillConfig, distill
 from draftgate.types import SamplingParams
 
@@ -118,3 +118,16 @@ def test_bad_data_is_a_clear_error(tmp_path: Path) -> None:
         read_records(bad)
     with pytest.raises(ValueError, match="--layers"):
         DistillConfig(target="x", data=bad, out=tmp_path, layers=0).validate()
+
+
+def test_data_may_be_several_files_read_in_order(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
+    b.write_text('{"text": "three four"}\n')
+    got = read_records([a, b])
+    assert [r.messages[0]["content"] for r in got[:2]] == ["one", "two"] and got[2].text == "three four"
+    assert read_records((a,)) == read_records(a) == got[:2]
+    assert data_bytes(a) == data_bytes((a,)) == a.read_bytes()  # one file: caches keyed before stay valid
+    assert data_bytes((a, b)) != data_bytes((b, a))
+    with pytest.raises(ValueError, match="no such file"):
+        read_records([a, tmp_path / "nope.jsonl"])

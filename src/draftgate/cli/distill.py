@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="model: a small draft LM; eagle: a draft head on the target's hidden states (default: %(default)s)",
     )
     p.add_argument(
-        "--data", type=Path, required=True, help="JSONL: one of messages / prompt / turns / text per line"
+        "--data", type=Path, nargs="+", required=True,
+        help="JSONL file(s), read in order: one of messages / prompt / turns / text per line"
     )
     p.add_argument(
         "--out",
@@ -147,6 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(a: argparse.Namespace) -> int:
+    a.data = tuple(a.data)
     common = {k: getattr(a, k) for k in ("target", "data", "out", "alpha", "max_new_tokens", "max_len", "top_k",
                                          "seed", "checkpoint_every", "max_minutes", "resume")}  # fmt: skip
     pick = lambda v, model, eagle: (eagle if a.kind == "eagle" else model) if v is None else v  # noqa: E731

@@ -27,7 +27,7 @@ from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
 
-__all__ = ["Record", "Example", "read_records", "build_corpus", "teacher_topk", "choose_vocab_subset"]
+__all__ = ["Record", "Example", "read_records", "data_files", "data_bytes", "build_corpus", "teacher_topk", "choose_vocab_subset"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,24 @@ class Example:
     start: int  # first position whose token the target produced (the draft's real job)
 
 
-def read_records(path: Path) -> list[Record]:
+def data_files(data: Path | Sequence[Path]) -> tuple[Path, ...]:
+    """``--data``: one JSONL file or several, in order."""
+    return (Path(data),) if isinstance(data, (str, Path)) else tuple(Path(p) for p in data)
+
+
+def data_bytes(data: Path | Sequence[Path]) -> bytes:
+    """The files' contents, for cache keys (one file: its bytes as they are)."""
+    return b"\0".join(p.read_bytes() for p in data_files(data))
+
+
+def read_records(data: Path | Sequence[Path]) -> list[Record]:
+    """The records of one JSONL file, or of several one after another."""
+    files = data_files(data)
+    if len(files) != 1:
+        if not files:
+            raise ValueError("--data: give at least one JSONL file")
+        return [r for f in files for r in read_records(f)]
+    path = files[0]
     if not path.is_file():
         raise ValueError(f"--data {path}: no such file (JSONL: messages, prompt, turns or text per line)")
     out: list[Record] = []

@@ -30,6 +30,8 @@ from draftgate.train.data import (
     Example,
     build_corpus,
     choose_vocab_subset,
+    data_bytes,
+    data_files,
     read_records,
     teacher_topk,
 )
@@ -41,7 +43,7 @@ __all__ = ["DistillConfig", "DistillReport", "distill", "agreement", "warmup_cos
 @dataclass(frozen=True)
 class DistillConfig:
     target: str
-    data: Path
+    data: Path | tuple[Path, ...]  # one JSONL file or several
     out: Path
     layers: int = 4
     hidden: int | None = None  # None: the target's width (start from its weights)
@@ -101,7 +103,7 @@ class DistillReport:
 def _corpus(cfg: DistillConfig, target: LoadedModel, progress: bool) -> dict:
     """Continuations + teacher top-k, cached in OUT/corpus.pt keyed by the data and settings."""
     settings = json.dumps([cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k]).encode()
-    key = hashlib.sha256(settings + cfg.data.read_bytes()).hexdigest()
+    key = hashlib.sha256(settings + data_bytes(cfg.data)).hexdigest()
     path = cfg.out / "corpus.pt"
     if path.is_file():
         cached = torch.load(path, weights_only=False)
@@ -110,7 +112,7 @@ def _corpus(cfg: DistillConfig, target: LoadedModel, progress: bool) -> dict:
     records = read_records(cfg.data)
     examples = build_corpus(target, records, cfg.max_new_tokens, cfg.max_len, batch=32, progress=progress)
     if len(examples) < 2:
-        raise ValueError(f"--data {cfg.data}: need at least 2 usable examples, got {len(examples)}")
+        raise ValueError(f"--data {' '.join(map(str, data_files(cfg.data)))}: need at least 2 usable examples, got {len(examples)}")
     teacher = teacher_topk(target, examples, cfg.top_k, progress=progress)
     corpus = {"key": key, "examples": examples, "teacher": teacher}
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -334,4 +336,10 @@ def _save_folder(out: Path, target: LoadedModel, model: DraftLM) -> None:
 
 
 def jsonable(d: dict) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+    """A config's fields for JSON: paths as strings (a tuple of them as a list)."""
+    def one(v: object) -> object:
+        if isinstance(v, tuple) and all(isinstance(x, Path) for x in v):
+            return [str(x) for x in v]
+        return str(v) if isinstance(v, Path) else v
+
+    return {k: one(v) for k, v in d.items()}
