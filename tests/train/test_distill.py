@@ -131,3 +131,30 @@ def test_data_may_be_several_files_read_in_order(tmp_path: Path) -> None:
     assert data_bytes((a, b)) != data_bytes((b, a))
     with pytest.raises(ValueError, match="no such file"):
         read_records([a, tmp_path / "nope.jsonl"])
+
+
+def test_the_fused_kl_and_cross_entropy_mix_matches_the_plain_one_in_value_and_gradient() -> None:
+    from draftgate.train.distill import kl_and_ce, kl_ce_mix
+
+    g = torch.Generator().manual_seed(0)
+    B, L, V, k, alpha = 3, 5, 40, 6, 0.3
+    logits = torch.randn(B, L, V, generator=g, dtype=torch.float64)
+    tv = torch.randn(B, L, k, generator=g, dtype=torch.float64)
+    tv[0, 1, 2:] = float("-inf")  # some of the teacher's top-k outside the subset
+    tv[1, 2] = float("-inf")  # none inside: no KL there
+    ti = torch.randint(0, V, (B, L, k), generator=g)
+    tgt = torch.randint(0, V, (B, L), generator=g)
+    tgt[2, 0] = tgt[0, 3] = -1  # no token: no cross-entropy there
+    w = torch.rand(B, L, generator=g, dtype=torch.float64)
+    a = logits.clone().requires_grad_()
+    kl, ce = kl_and_ce(a, tv, ti, tgt)
+    want = alpha * kl + (1 - alpha) * ce  # [B, L]
+    (want * w).sum().backward()
+    b = logits.clone().requires_grad_()
+    got = kl_ce_mix(b, tv, ti, tgt, alpha)
+    (got * w).sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(b.grad, a.grad)
+    assert float(got[1, 2]) == pytest.approx((1 - alpha) * float(ce[1, 2]))
+    bad = logits.clone().requires_grad_()  # a control: a wrong mix weight must show in the comparison
+    assert not torch.allclose(kl_ce_mix(bad, tv, ti, tgt, alpha + 0.1), want)

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_files, read_records
-from draftgate.train.distill import jsonable, kl_and_ce, optimizer_step, warmup_cosine
+from draftgate.train.distill import jsonable, kl_ce_mix, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
 __all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement"]
@@ -171,9 +171,8 @@ def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, de
         rows = slice(j, j + T)  # step j at anchor t predicts row t + j's token
         tv, ti, tgt = bt["tv"][:, rows], bt["ti"][:, rows], bt["tgt"][:, rows]  # [B, T, k], [B, T]
         w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
-        kl, ce = kl_and_ce(logits, tv, ti, tgt)  # [B, T] each
         wj = w * (tgt >= 0) * decay ** (j - 1)
-        total = total + ((alpha * kl + (1 - alpha) * ce) * wj).sum()
+        total = total + (kl_ce_mix(logits, tv, ti, tgt, alpha) * wj).sum()  # [B, T] weighted
         norm += float(wj.sum())
     return total / max(norm, 1e-6)
 
