@@ -19,7 +19,8 @@ Examples:
   draftgate distill --target smollm2-135m --data src/draftgate/data/chat_train.jsonl \\
       --out drafts/smollm2-chat --layers 4 --steps 300 --max-minutes 30
   draftgate distill --kind eagle --data src/draftgate/data/chat_train.jsonl \\
-      --eval-data src/draftgate/data/chat_eval.jsonl --out heads/smollm2 --max-minutes 30
+      src/draftgate/data/chat_written.jsonl --eval-data src/draftgate/data/chat_eval.jsonl \\
+      --out heads/smollm2 --max-minutes 30     # how the shipped SmolLM2 head was trained (27 min here)
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="eagle: held-out prompts for the agreement (default: 5%% of --data)",
     )
     p.add_argument(
-        "--rollout", type=int, default=3, help="eagle: training-time-test steps (default: %(default)s)"
+        "--rollout", type=int, default=2, help="eagle: training-time-test steps (default: %(default)s)"
     )
     p.add_argument(
         "--feature-noise",
@@ -94,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--rollout-warmup",
         type=float,
-        default=0.6,
+        default=0.85,
         help="eagle: share of the steps that train the first draft step alone first (default: %(default)s)",
     )
     p.add_argument(

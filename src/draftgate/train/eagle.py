@@ -48,8 +48,8 @@ class EagleConfig:
     lr: float = 2e-3
     alpha: float = 0.5
     prompt_weight: float = 0.25
-    rollout: int = 3  # training-time test steps
-    rollout_warmup: float = 0.6  # share of the steps trained on one step (the head's first draft) first
+    rollout: int = 2  # training-time test steps
+    rollout_warmup: float = 0.85  # share of the steps trained on one step (the head's first draft) first
     feature_noise: float = 0.2  # Gaussian noise on the normalised features while training
     weight_decay: float = 0.05
     step_decay: float = 0.8
