@@ -1,4 +1,4 @@
-"""auto: lookup drafts first, a model drafter only where lookup finds nothing and it pays."""
+"""auto: lookup drafts first, a model drafter only where lookup finds little and it pays."""
 
 from __future__ import annotations
 
@@ -118,3 +118,20 @@ def test_lookup_keeps_the_turn_wherever_it_proposes_even_after_misses() -> None:
     assert d.source(1, gap, 8) == "auto+counting"
     (y,) = d.propose([DraftRequest(1, gap, 4, P)])
     assert y.token_ids == [7, 7, 7, 7] and m.calls == [1]
+
+
+def test_a_head_also_takes_the_rounds_where_lookup_proposes_under_three_tokens() -> None:
+    """With a draft head, a lookup draft shorter than min(3, K) hands the round to the head."""
+    short, long_ = [5, 1, 1], [1, 2, 3, 4, 1, 2, 3]  # lookup proposes [1]; [4, 1, 2, 3]
+    m = HeadLike()
+    d = AutoDrafter(model=m)
+    assert d.source(1, short, 8) == "auto+counting" and d.source(2, long_, 8) == "auto"
+    a, b = d.propose([DraftRequest(1, short, 4, P), DraftRequest(2, long_, 4, P)])
+    assert a.token_ids == [7, 7, 7, 7] and b.token_ids == [4, 1, 2, 3] and m.calls == [1]
+    (c,) = d.propose([DraftRequest(3, short, 1, P)])  # K = 1: lookup's one token is all K asks for
+    assert c.token_ids == [1] and m.calls == [1]
+    model = CountingDrafter()  # a draft model (no features): only where lookup proposes nothing
+    (e,) = AutoDrafter(model=model).propose([DraftRequest(4, short, 4, P)])
+    assert e.token_ids == [1] and model.calls == []
+    (f,) = AutoDrafter(model=model, min_lookup=3).propose([DraftRequest(5, short, 4, P)])
+    assert f.token_ids == [7, 7, 7, 7] and model.calls == [5]

@@ -55,7 +55,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         default=None,
         metavar="DIR",
         help="draft head folder (`draftgate distill --kind eagle`) for --drafter eagle and auto (auto drafts from it "
-        "where lookup proposes nothing); default: the head shipped for the model, if any; 'none': auto without one",
+        "where lookup proposes fewer than 3 tokens); default: the head shipped for the model, if any; 'none': auto without one",
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -1,4 +1,4 @@
-"""`auto`: free lookup drafts (suffix + n-gram) first, a model draft where lookup finds nothing.
+"""`auto`: free lookup drafts (suffix + n-gram) first, a model draft where lookup finds little.
 
 With ``--draft-head DIR`` the model is a draft head on the target's hidden states
 (drafters/eagle.py), under the same rules.
@@ -9,16 +9,24 @@ and round:
 
 1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
 2. if a model drafter is configured (a draft head, a draft model) and lookup
-   proposes fewer than ``min_lookup`` tokens (default 1: nothing at all), the model
-   drafts instead (measured on held-out prompts, docs/BENCHMARKS.md issue 13: a head
-   that also replaced lookup's one-token drafts, or lookup's drafts on requests
-   where they had yielded under a token a round lately, cost grounded prompts and
-   writing up to 0.3x against auto without it: lookup's hits are bursty). Whether
-   the model's drafts pay on a request is its source's controller's call (K down to
-   0, with probes): a second, fixed acceptance bar here (0.35 a drafted token, the
-   head's average is ~0.3) kept backing the head off where its rounds paid
-   (measured on the held-out prompts in three side-by-side sessions of 2 runs each,
-   all categories: 1.43/1.40/1.30x of plain with the bar, 1.46/1.41/1.31x without).
+   proposes fewer than ``min_lookup`` tokens (or K where K is smaller), the model drafts
+   instead. ``min_lookup`` defaults to 3 for a draft head and 1 (lookup proposes nothing)
+   for a draft model, whose every drafted token costs a forward of its own (not measured
+   with 3). On open chat lookup mostly proposes a token or two from a
+   short match, accepted about 10% of the time, while grounded text gives long
+   matches that keep the turn. Measured side by side on the held-out prompts (docs/BENCHMARKS.md,
+   issue 13, 3 runs, the 2026-12-02 head), min_lookup 1 / 2 / 3: open chat 1.11 / 1.21
+   / 1.29x of plain, writing 1.78 / 1.97 / 1.99x, code edit 1.62 / 1.58 / 1.70x, all
+   1.37 / 1.41 / 1.44x; built-in prompts all 1.61 / 1.60 / 1.72x. (With an earlier head
+   and controller, also replacing lookup's drafts on requests where they had yielded
+   little lately cost grounded prompts and writing up to 0.3x: lookup's hits are bursty,
+   so a lookup draft of ``min_lookup`` tokens keeps the turn however the request's lookups
+   fared.) Whether the model's drafts pay on a request is
+   its source's controller's call (K down to 0, with probes): a second, fixed acceptance
+   bar here (0.35 a drafted token, the head's average is ~0.3) kept backing the head off
+   where its rounds paid (measured on the held-out prompts in three side-by-side sessions
+   of 2 runs each, all categories: 1.43/1.40/1.30x of plain with the bar, 1.46/1.41/1.31x
+   without).
 
 The engine asks ``source`` before it chooses K, and keeps one controller per source
 (``auto``, ``auto+eagle``): the head's acceptance (~0.4) and cost (a millisecond a
@@ -51,14 +59,15 @@ class _ModelUse:
 class AutoDrafter:
     name = "auto"
 
-    def __init__(self, model: Drafter | None = None, min_lookup: int = 1) -> None:
+    def __init__(self, model: Drafter | None = None, min_lookup: int | None = None) -> None:
         self._suffix = SuffixDrafter()
         self._ngram = NgramDrafter(min_n=2)  # unigram matches are noise outside copied text
         self._model = model
         self.sampled_q = model is not None and model.sampled_q
         # A model that reads the target's hidden states (the eagle head): the target feeds it through us.
         self.feature_layers: tuple[int, ...] = tuple(getattr(model, "feature_layers", ()))
-        self._min_lookup = min_lookup
+        head = bool(self.feature_layers)  # a draft head drafts in a millisecond; a draft model costs more
+        self._min_lookup = min_lookup if min_lookup is not None else (3 if head else 1)
         self._use: dict[int, _ModelUse] = {}
         self._plans: dict[int, tuple[int, bool]] = {}  # seq -> (history length, model drafts?)
 
@@ -68,7 +77,7 @@ class AutoDrafter:
         return [x if len(x.token_ids) >= len(y.token_ids) else y for x, y in zip(a, b, strict=True)]
 
     def _wants_model(self, lookup_len: int, k: int) -> bool:
-        """Whether the model drafts this round: lookup proposes fewer than min_lookup tokens."""
+        """Whether the model drafts this round: lookup proposes fewer than min(min_lookup, k) tokens."""
         return k > 0 and lookup_len < min(self._min_lookup, k)
 
     def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
