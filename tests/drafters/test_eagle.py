@@ -119,3 +119,4 @@ def test_a_chain_runs_the_next_head_step_only_while_its_confidence_could_pass(ti
     assert d.propose([req])[0].token_ids == full[:1] and calls == []  # the head's output at the pending token is kept
     with pytest.raises(ValueError, match="min_continue"):
         EagleDrafter(d.head, min_confidence=0.3, min_continue=0.2)
+    assert EagleDrafter(d.head, min_confidence=0.6).min_continue == 1.0  # the default never passes 1

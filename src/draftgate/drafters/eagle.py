@@ -64,13 +64,13 @@ class EagleDrafter:
     def __init__(self, head: EagleHead, min_confidence: float = 0.15, min_continue: float | None = None) -> None:
         """``min_confidence``: a chain stops before the token at which the product of the head's
         probabilities of its drafts would fall below this (0: always K tokens; see STOPPING).
-        ``min_continue`` (default ``2 * min_confidence``): a chain runs the head step for its next
+        ``min_continue`` (default ``2 * min_confidence``, at most 1): a chain runs the head step for its next
         token only while that product is at least this, i.e. only while the next token could
         pass ``min_confidence`` with a probability of at most ``min_confidence / min_continue``
         (see STOPPING)."""
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
-        cont = 2 * min_confidence if min_continue is None else min_continue
+        cont = min(1.0, 2 * min_confidence) if min_continue is None else min_continue
         if not min_confidence <= cont <= 1.0:
             raise ValueError(f"min_continue must be in [min_confidence, 1], got {min_continue!r}")
         self.min_confidence, self.min_continue = min_confidence, cont

@@ -27,7 +27,7 @@ from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
 
-__all__ = ["Record", "Example", "read_records", "data_files", "data_bytes", "build_corpus", "teacher_topk", "choose_vocab_subset"]
+__all__ = ["Record", "Example", "read_records", "data_files", "data_bytes", "data_names", "build_corpus", "teacher_topk", "choose_vocab_subset"]
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,20 @@ def data_bytes(data: Path | Sequence[Path]) -> bytes:
     return b"\0".join(p.read_bytes() for p in data_files(data))
 
 
+def data_names(data: Path | Sequence[Path]) -> str:
+    """The files' paths, space-separated (messages and head.json)."""
+    return " ".join(map(str, data_files(data)))
+
+
 def read_records(data: Path | Sequence[Path]) -> list[Record]:
     """The records of one JSONL file, or of several one after another."""
     files = data_files(data)
-    if len(files) != 1:
-        if not files:
-            raise ValueError("--data: give at least one JSONL file")
-        return [r for f in files for r in read_records(f)]
-    path = files[0]
+    if not files:
+        raise ValueError("--data: give at least one JSONL file")
+    return [r for f in files for r in _read_file(f)]
+
+
+def _read_file(path: Path) -> list[Record]:
     if not path.is_file():
         raise ValueError(f"--data {path}: no such file (JSONL: messages, prompt, turns or text per line)")
     out: list[Record] = []

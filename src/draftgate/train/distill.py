@@ -31,7 +31,7 @@ from draftgate.train.data import (
     build_corpus,
     choose_vocab_subset,
     data_bytes,
-    data_files,
+    data_names,
     read_records,
     teacher_topk,
 )
@@ -112,7 +112,7 @@ def _corpus(cfg: DistillConfig, target: LoadedModel, progress: bool) -> dict:
     records = read_records(cfg.data)
     examples = build_corpus(target, records, cfg.max_new_tokens, cfg.max_len, batch=32, progress=progress)
     if len(examples) < 2:
-        raise ValueError(f"--data {' '.join(map(str, data_files(cfg.data)))}: need at least 2 usable examples, got {len(examples)}")
+        raise ValueError(f"--data {data_names(cfg.data)}: need at least 2 usable examples, got {len(examples)}")
     teacher = teacher_topk(target, examples, cfg.top_k, progress=progress)
     corpus = {"key": key, "examples": examples, "teacher": teacher}
     cfg.out.mkdir(parents=True, exist_ok=True)

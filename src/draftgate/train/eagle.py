@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
 from draftgate.models.loader import LoadedModel, load_model
-from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_files, read_records
+from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_names, read_records
 from draftgate.train.distill import jsonable, kl_ce_mix, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
@@ -109,7 +109,7 @@ class EagleReport:
 
 def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...], layers: Sequence[int], progress: bool,
             label: str) -> list[States]:  # fmt: skip
-    """Continuations + teacher states of one prompt file, cached in OUT keyed by data and settings."""
+    """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings."""
     n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
     sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
     settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled]).encode()
@@ -124,7 +124,7 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
         temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress,
     )  # fmt: skip
     if len(states) < 1:
-        raise ValueError(f"{' '.join(map(str, data_files(path)))}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
+        raise ValueError(f"{data_names(path)}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
     cfg.out.mkdir(parents=True, exist_ok=True)
     torch.save({"key": key, "states": states}, cache)
     return states
@@ -246,7 +246,7 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     meta = {
         "target": target_fingerprint(tcfg, target.weights),
         "target_source": cfg.target,
-        "trained": {"data": " ".join(map(str, data_files(cfg.data))), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
+        "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
                     "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
