@@ -55,6 +55,9 @@ def test_parse_openai_arm():
         ("openai+ftp://x", r"expected openai\+http"),
         ("ngram:draft=/d", "only the model and auto"),
         ("model:draft=", "draft= needs"),
+        ("ngram:branch=0.2", "only the eagle and auto"),
+        ("eagle:branch=x", "branch= needs"),
+        ("eagle:branch=1.5", "branch= needs"),
     ],
 )
 def test_bad_arms(text, msg):
@@ -66,6 +69,12 @@ def test_parse_arm_with_its_own_draft_model():
     s = parse_arm("model:k=3:draft=/tmp/drafts/chat")
     assert (s.drafter, s.k, s.draft_model) == (DrafterKind.MODEL, 3, "/tmp/drafts/chat")
     assert parse_arm("model:draft=/a").k is None and parse_arm("model").draft_model is None
+
+
+def test_parse_arm_with_its_own_branch_setting():
+    s = parse_arm("auto:branch=0:head=/h")
+    assert (s.drafter, s.draft_branch, s.draft_head) == (DrafterKind.AUTO, 0.0, "/h")
+    assert parse_arm("eagle:branch=0.3").draft_branch == 0.3 and parse_arm("eagle").draft_branch is None
 
 
 def test_parse_arms_rejects_duplicates_and_empty():

@@ -42,6 +42,25 @@ def test_drafts_need_the_targets_features(tiny_model: LoadedModel) -> None:
     assert d.propose([req])[0].token_ids == []
 
 
+def test_the_heads_runner_up_goes_along_as_a_sibling_branch_where_likely_enough(tiny_model: LoadedModel) -> None:
+    d = _drafter(tiny_model)
+    C, nF = tiny_model.config.hidden_size, len(d.feature_layers)
+    d.feed(1, 0, torch.randn(4, nF, C))
+    req = DraftRequest(1, [1, 2, 3, 4, 5], 3, GREEDY)
+    d.min_branch = None
+    assert d.propose([req])[0].alt == ()
+    d.min_branch = 1e-9  # a random head's runner-up has about 1 / V
+    draft = d.propose([req])[0]
+    h = d._seqs[1]
+    q = torch.softmax(h.last_logits, dim=-1)  # [Vs]: the head's first-token distribution
+    top2 = [int(d.head.vocab_ids[j]) for j in q.topk(2).indices]
+    assert draft.token_ids[0] == top2[0] and draft.alt == (top2[1],)
+    d.min_branch = float(q.topk(2).values[1]) * 1.01  # just above the runner-up's probability: no branch
+    assert d.propose([req])[0].alt == ()
+    with pytest.raises(ValueError, match="min_branch"):
+        EagleDrafter(d.head, min_branch=0.0)
+
+
 def test_sampling_drafts_are_coupled_to_the_targets_uniforms(tiny_model: LoadedModel) -> None:
     """One-hot guesses from the target's own uniforms: the same uniforms, the same draft."""
     d = _drafter(tiny_model)

@@ -318,3 +318,96 @@ def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_not
     finally:
         for sid in (311, 312):
             runner.free(sid)
+
+
+# ------------------------------------------------------------------ sibling branches (Draft.alt)
+
+
+def _plain_output(runner: ModelRunner, params: SamplingParams, n: int) -> list[int]:
+    """The output plain decoding gives after PROMPT (first token X0) with seed 0: n more tokens."""
+    sid = 499
+    runner.prefill(sid, PROMPT)
+    s = _seq(runner, params, seed=0, seq_id=sid)
+    try:
+        while len(s.output) < n + 1:
+            speculative_step(LocalTarget(runner), None, [s], [0])
+    finally:
+        runner.free(sid)
+    return list(s.output)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_sibling_branch_wins_where_the_target_follows_it(runner: ModelRunner, params: SamplingParams) -> None:
+    """Each draft's sibling branch runs on a KV fork in the same forward; the branch the target's own
+    choices follow further is kept (its KV too), so the output is plain decoding's either way."""
+    plain = _plain_output(runner, params, 8)
+    cont = plain[1:]
+    wrong = lambda t: (t + 1) % V  # noqa: E731
+    # seq -> (draft, branch, accepted, branch kept?)
+    plan = {
+        401: ([wrong(cont[0]), 5, 6], (cont[0],), 1, True),  # the draft misses, its branch holds
+        402: ([cont[0], cont[1], wrong(cont[2])], (wrong(cont[0]),), 2, False),  # the draft holds
+        403: ([wrong(cont[0])], (wrong(wrong(cont[0])),), 0, False),  # both miss
+        404: ([wrong(cont[0]), 7, 8], (cont[0], cont[1], cont[2]), 3, True),  # a longer branch, all held
+        405: ([wrong(cont[0]), 7], (cont[0], wrong(cont[1])), 1, True),
+    }
+    for sid in plan:
+        runner.prefill(sid, PROMPT)
+    drafter = FixedDrafter({sid: Draft(d, alt=b) for sid, (d, b, _, _) in plan.items()})
+    seqs = [_seq(runner, params, seed=0, seq_id=sid) for sid in plan]
+    adopted: list[int] = []
+    adopt = runner.adopt
+    runner.adopt = lambda a, b: (adopted.append(a), adopt(a, b))[1]  # type: ignore[method-assign]
+    try:
+        res = speculative_step(LocalTarget(runner), drafter, seqs, [3] * len(plan))
+        assert res.accepted == [a for _, _, a, _ in plan.values()]
+        assert adopted == [sid for sid, (*_, kept) in plan.items() if kept]
+        assert res.forward_tokens == sum(len(d) + len(b) + 2 for d, b, _, _ in plan.values())
+        assert runner.kv.num_sequences == len(plan)  # every fork is gone
+        for s, (_, _, a, _) in zip(seqs, plan.values(), strict=True):
+            assert s.output == plain[: a + 2]
+            assert runner.length(s.seq_id) == len(s.history) - 1
+        # The next rounds continue from the kept branch's KV exactly as plain decoding would.
+        for _ in range(3):
+            speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
+        for s in seqs:
+            assert s.output == plain[: len(s.output)]
+    finally:
+        del runner.adopt
+        for sid in plan:
+            runner.free(sid)
+    runner.kv.check_no_leaks()
+
+
+@pytest.mark.parametrize(("blocks", "accepted"), [(3, 0), (5, 1)])
+def test_a_sibling_branch_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel, blocks: int, accepted: int) -> None:
+    """A fork needs blocks beyond the sequences' own rows (PROMPT + 4 rows fill 2 blocks of 8, a fork
+    takes up to 2 more); without them the round runs as if no branch came (with them, the branch holds)."""
+    small = ModelRunner(tiny_model, num_blocks=blocks, block_size=8)
+    plain = _plain_output(small, GREEDY, 2)
+    small.prefill(1, PROMPT)
+    s = _seq(small, GREEDY, seed=0, seq_id=1)
+    try:
+        d = Draft([(plain[1] + 1) % V, 3, 4], alt=(plain[1],))
+        res = speculative_step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
+        assert res.accepted == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
+    finally:
+        small.free(1)
+    small.kv.check_no_leaks()
+
+
+@pytest.mark.parametrize(
+    ("draft", "problem"),
+    [
+        (Draft([1, 2], alt=(1,)), "different first token"),
+        (Draft([1], alt=(2, 3)), "at least as long"),
+        (Draft([], alt=(2,)), "at least as long"),
+        (Draft([1], q=torch.full((1, V), 1 / V), alt=(2,)), "one-hot"),
+        (Draft([1], alt=(V,)), "sibling branch token ids"),
+    ],
+)
+def test_a_bad_sibling_branch_is_a_bad_draft(draft: Draft, problem: str) -> None:
+    from draftgate.drafters.base import draft_problem
+
+    assert problem in (draft_problem(draft, 3, V) or "")
+    assert draft_problem(Draft([1, 2], alt=(3, 4)), 3, V) is None

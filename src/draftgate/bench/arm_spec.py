@@ -6,7 +6,8 @@ Arm names on the command line:
   ``model``, ``quant``, each optionally with ``:k=N`` or ``:k=auto``
   (e.g. ``ngram:k=4``; without it K is adaptive); ``model`` and ``auto`` also take
   ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side),
-  ``eagle`` and ``auto`` take ``:head=DIR`` (a draft head for this arm; auto has none without it);
+  ``eagle`` and ``auto`` take ``:head=DIR`` (a draft head for this arm; auto has none without it)
+  and ``:branch=P`` (``--draft-branch`` for this arm; 0: no sibling branch);
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
@@ -63,6 +64,7 @@ class ArmSpec:
     served_model: str | None = None  # openai arms: the "model" field (None: ask /v1/models)
     draft_model: str | None = None  # engine arms: this arm's --draft-model
     draft_head: str | None = None  # engine arms: this arm's --draft-head
+    draft_branch: float | None = None  # engine arms: this arm's --draft-branch
 
     @property
     def sequential(self) -> bool:
@@ -89,10 +91,18 @@ class Arm(Protocol):
     def close(self) -> None: ...
 
 
-def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | None]:
-    """``k=N`` / ``k=auto``, ``draft=DIR`` and ``head=DIR|none``, separated by ':'."""
-    k, draft, head = None, None, None
+def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | None, float | None]:
+    """``k=N`` / ``k=auto``, ``draft=DIR``, ``head=DIR|none`` and ``branch=P``, separated by ':'."""
+    k, draft, head, branch = None, None, None, None
     for opt in opts.split(":"):
+        if opt.startswith("branch="):
+            try:
+                branch = float(opt[len("branch=") :])
+            except ValueError:
+                raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no sibling branch)") from None
+            if not 0.0 <= branch <= 1.0:
+                raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no sibling branch)")
+            continue
         if opt.startswith("draft="):
             draft = opt[len("draft=") :] or None
             if draft is None:
@@ -103,13 +113,13 @@ def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | Non
                 raise ArmError(f"arm {name!r}: head= needs a head folder")
         else:
             k = _parse_k(name, opt)
-    return k, draft, head
+    return k, draft, head, branch
 
 
 def _parse_k(name: str, opt: str) -> int | None:
     key, _, val = opt.partition("=")
     if key != "k" or not val:
-        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N, :k=auto, :draft=DIR or :head=DIR)")
+        raise ArmError(f"arm {name!r}: unknown option {opt!r} (use :k=N, :k=auto, :draft=DIR, :head=DIR or :branch=P)")
     if val == "auto":
         return None
     if not val.isdigit():
@@ -135,18 +145,22 @@ def parse_arm(text: str) -> ArmSpec:
             served_model=model,
         )
     base, _, opt = name.partition(":")
-    k, draft, head = _parse_opts(name, opt) if opt else (None, None, None)
+    k, draft, head, branch = _parse_opts(name, opt) if opt else (None, None, None, None)
     if draft is not None and base not in ("model", "auto"):
         raise ArmError(f"arm {name!r}: only the model and auto arms take draft=DIR")
     if head is not None and base not in ("eagle", "auto"):
         raise ArmError(f"arm {name!r}: only the eagle and auto arms take head=DIR")
+    if branch is not None and base not in ("eagle", "auto"):
+        raise ArmError(f"arm {name!r}: only the eagle and auto arms take branch=P")
     if base in _ENGINE_NAMES:
         drafter = _ENGINE_NAMES[base]
         if drafter == DrafterKind.NONE:
             if opt:
                 raise ArmError(f"arm {name!r}: plain decoding takes no K")
             k = 0
-        return ArmSpec(name, ArmKind.ENGINE, drafter=drafter, k=k, draft_model=draft, draft_head=head)
+        return ArmSpec(
+            name, ArmKind.ENGINE, drafter=drafter, k=k, draft_model=draft, draft_head=head, draft_branch=branch
+        )
     if base == ArmKind.HF_LOOKUP.value:
         return ArmSpec(name, ArmKind.HF_LOOKUP, k=HF_LOOKUP_DEFAULT if k is None else k)
     if base in (ArmKind.HF.value, ArmKind.LLAMACPP.value) and not opt:

@@ -63,6 +63,8 @@ def _engine_arm(spec: ArmSpec, base: EngineConfig, loaded: LoadedModel) -> Engin
         cfg = replace(cfg, draft_model=spec.draft_model)
     if spec.draft_head is not None:
         cfg = replace(cfg, draft_head=spec.draft_head)
+    if spec.draft_branch is not None:
+        cfg = replace(cfg, draft_branch=spec.draft_branch)
     try:
         engine = build_engine(cfg.validate(), loaded=loaded)
     except (ImportError, ValueError) as e:

@@ -57,6 +57,15 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         help="draft head folder (`draftgate distill --kind eagle`) for --drafter eagle and auto (auto drafts from it "
         "where lookup proposes fewer than 3 tokens); default: the head shipped for the model, if any; 'none': auto without one",
     )
+    g.add_argument(
+        "--draft-branch",
+        type=float,
+        default=0.15,
+        metavar="P",
+        help="a draft head also sends its second choice for the first draft token where it gives that "
+        "choice at least P; the target verifies both branches in one forward and keeps the one it follows "
+        "(0: never; default: %(default)s)",
+    )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--threads", type=int, default=None, help="CPU threads for the forward (default: all cores)")
@@ -91,6 +100,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         k_max=max(a.k_max, a.k or 0),
         draft_model=a.draft_model,
         draft_head=getattr(a, "draft_head", None),
+        draft_branch=getattr(a, "draft_branch", 0.15),
         device=a.device,
         dtype=a.dtype,
         num_blocks=a.kv_blocks,

@@ -53,6 +53,12 @@ class DraftRequest:
 class Draft:
     token_ids: list[int]  # len <= k; empty when the drafter has nothing to propose
     q: torch.Tensor | SparseQ | None = None  # None: one-hot (deterministic draft); dense: [len, V]
+    # A sibling branch for one-hot drafts: other tokens for the same positions, alt[0] != token_ids[0]
+    # (a draft head's second choice). A target that can verifies it in the same forward, on a fork
+    # of the sequence's KV, and keeps whichever branch the target's own choices follow further;
+    # one that cannot ignores it. Both branches are matched against the target's choices, so the
+    # output is the same either way.
+    alt: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -112,6 +118,11 @@ def draft_problem(d: Draft, k: int, V: int) -> str | None:
         return f"{n} draft tokens for k = {k}"
     if any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
         return f"draft token ids must be in [0, {V})"
+    if d.alt:
+        if d.q is not None or len(d.alt) > n or d.alt[0] == d.token_ids[0]:
+            return "a sibling branch needs a one-hot draft at least as long, with a different first token"
+        if any(not isinstance(t, int) or not 0 <= t < V for t in d.alt):
+            return f"sibling branch token ids must be in [0, {V})"
     if d.q is None:
         return None
     if isinstance(d.q, SparseQ):

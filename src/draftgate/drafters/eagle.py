@@ -61,19 +61,29 @@ class EagleDrafter:
     name = "eagle"
     sampled_q = False  # one-hot drafts only (coupled to the target's uniforms when sampling)
 
-    def __init__(self, head: EagleHead, min_confidence: float = 0.15, min_continue: float | None = None) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        min_confidence: float = 0.15,
+        min_continue: float | None = None,
+        min_branch: float | None = 0.15,
+    ) -> None:
         """``min_confidence``: a chain stops before the token at which the product of the head's
         probabilities of its drafts would fall below this (0: always K tokens; see STOPPING).
         ``min_continue`` (default ``2 * min_confidence``, at most 1): a chain runs the head step for its next
         token only while that product is at least this, i.e. only while the next token could
         pass ``min_confidence`` with a probability of at most ``min_confidence / min_continue``
-        (see STOPPING)."""
+        (see STOPPING). ``min_branch``: the head's second choice for the first token goes with the
+        draft as a sibling branch (``Draft.alt``) where the head gives it at least this (None: never;
+        see BRANCH)."""
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         cont = min(1.0, 2 * min_confidence) if min_continue is None else min_continue
         if not min_confidence <= cont <= 1.0:
             raise ValueError(f"min_continue must be in [min_confidence, 1], got {min_continue!r}")
-        self.min_confidence, self.min_continue = min_confidence, cont
+        if min_branch is not None and not 0.0 < min_branch <= 1.0:
+            raise ValueError(f"min_branch must be in (0, 1] or None, got {min_branch!r}")
+        self.min_confidence, self.min_continue, self.min_branch = min_confidence, cont, min_branch
         self.head = head.eval().prepare()  # its first draft call is not a cold one
         self.feature_layers = head.feature_layers
         self._seqs: dict[int, _Seq] = {}
@@ -127,13 +137,17 @@ class EagleDrafter:
         ids: list[list[int]] = [[] for _ in live]
         cur = [(s.last_h, s.last_logits) for _, _, s in live]
         conf = [1.0] * len(live)  # product of the head's probabilities of each chain's drafts
+        alt: list[tuple[int, ...]] = [() for _ in live]  # the sibling branch of each chain
         try:
             for step in range(max((r.k for _, r, _ in live), default=0)):
                 more = []  # live indices that draft token step + 1
                 for j, (_, r, _) in enumerate(live):
                     if step < r.k and conf[j] >= self.min_confidence:  # below it, the chain has ended
-                        tok, p = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
+                        q, at = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
+                        tok, p = int(self.head.vocab_ids[at]), float(q[at])
                         conf[j] *= p
+                        if step == 0 and conf[j] >= self.min_confidence and self.min_branch is not None:
+                            alt[j] = self._sibling(q, at)
                         if conf[j] < self.min_confidence:
                             continue  # too unlikely to be accepted: the chain ends before it
                         ids[j].append(tok)
@@ -151,8 +165,8 @@ class EagleDrafter:
         finally:
             for (_, _, s), n in zip(live, true_n, strict=True):
                 head.truncate(s.cache, n)  # type: ignore[arg-type]  # draft entries never stay
-        for (i, _, _), d in zip(live, ids, strict=True):
-            drafts[i] = Draft(d)
+        for (i, _, _), d, a in zip(live, ids, alt, strict=True):
+            drafts[i] = Draft(d, alt=a)
         return drafts
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
@@ -191,8 +205,14 @@ class EagleDrafter:
         c = s.cache
         return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
 
-    def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> tuple[int, float]:
-        """Draft token i from the head's logits [Vs] and the head's probability of it.
+    def _sibling(self, q: torch.Tensor, at: int) -> tuple[int, ...]:
+        """The sibling branch for a first draft at subset index ``at`` of q [Vs]: the head's runner-up, if likely enough."""
+        top2 = torch.topk(q, 2)
+        j = int(top2.indices[1]) if int(top2.indices[0]) == at else int(top2.indices[0])
+        return (int(self.head.vocab_ids[j]),) if float(q[j]) >= self.min_branch else ()
+
+    def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
+        """Draft token i from the head's logits [Vs]: the head's q [Vs] and the drafted subset index.
 
         Greedy: its argmax (probability at temperature 1); sampling: the token the target's own
         draw (u_sample of row i) picks if the target's distribution were the head's (its q).
@@ -204,7 +224,7 @@ class EagleDrafter:
         else:
             q = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)[0]  # [Vs]
             j = int(sample_from_probs(q[None], r.uniforms[i : i + 1, 1]))
-        return int(self.head.vocab_ids[j]), float(q[j])
+        return q, j
 
 
 def shipped_head(target: LoadedModel) -> Path | None:

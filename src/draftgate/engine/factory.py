@@ -53,7 +53,7 @@ def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
         # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md, issue 13).
         head.use_native(load_library(cfg.cache_dir or default_cache_dir()))
-    return EagleDrafter(head)
+    return EagleDrafter(head, min_branch=cfg.draft_branch or None)
 
 
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:

@@ -96,8 +96,21 @@ class LocalTarget:
         return RoundDone([first], 0)
 
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        # 2. One batched forward over [pending, drafts...] per sequence.
-        items = [ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids], len(w.draft.token_ids) + 1) for w in work]
+        # A draft with a sibling branch (Draft.alt) has it verified on a KV fork in the same forward.
+        forks = self._fork_branches(work)  # [(work index, fork's seq id)]
+        units = [(w.seq_id, w, False) for w in work] + [(f, work[i], True) for i, f in forks]  # (seq id, work, branch?)
+        try:
+            return self._round(work, forks, units)
+        finally:
+            for _, f in forks:
+                self.runner.free(f)  # no-op for a fork whose branch won (its KV went to the sequence)
+
+    def _round(
+        self, work: Sequence[RoundWork], forks: list[tuple[int, int]], units: list[tuple[int, RoundWork, bool]]
+    ) -> list[RoundDone]:
+        # 2. One batched forward over [pending, drafts...] per sequence (and per sibling branch).
+        toks = [list(w.draft.alt if branch else w.draft.token_ids) for _, w, branch in units]
+        items = [ForwardItem(sid, [w.history[-1], *t], len(t) + 1) for (sid, w, _), t in zip(units, toks, strict=True)]
         # logits [sum(k_i + 1), V], argmax (-1: not finite), and the tap's features when one reads them
         out = self.runner.forward_flat(items) if self.tap is None else self.runner.forward_flat(items, self.tap.feature_layers)
         # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
@@ -105,23 +118,54 @@ class LocalTarget:
         for it in items:
             bounds.append((start, start + it.num_logits))
             start += it.num_logits
-        bad = [bool((out.argmax[a:b] < 0).any()) for a, b in bounds]
-        ok = [i for i, b in enumerate(bad) if not b]
-        done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
+        ok = [u for u, (a, b) in enumerate(bounds) if not bool((out.argmax[a:b] < 0).any())]
+        verified: dict[int, tuple[list[int], int]] = {}  # unit -> (emitted, accepted)
         if ok:
-            rows = torch.cat([torch.arange(*bounds[i]) for i in ok])  # the good sequences' rows
-            logits, argmax = (out.logits, out.argmax) if len(ok) == len(work) else (out.logits[rows], out.argmax[rows])
-            # 3. Verify the whole round in one call; 4. roll back each sequence's KV to its accepted prefix.
-            outcome = verify_round(logits, [_round_draft(work[i]) for i in ok], argmax)
-            for i, e, a in zip(ok, outcome.emitted, outcome.accepted, strict=True):
-                self.runner.truncate(work[i].seq_id, len(work[i].history) + a)  # KV keeps pending + accepted drafts
-                done[i] = RoundDone(e, a)
-                if out.features is not None:  # committed: the pending token and the accepted drafts
-                    b0 = bounds[i][0]
-                    self._feed(work[i].seq_id, len(work[i].history) - 1, out.features[b0 : b0 + a + 1])
-        for i in (i for i, b in enumerate(bad) if b):
-            self.runner.truncate(work[i].seq_id, len(work[i].history) - 1)  # its round's KV is garbage
+            rows = torch.cat([torch.arange(*bounds[u]) for u in ok])  # the good units' rows
+            logits, argmax = (out.logits, out.argmax) if len(ok) == len(units) else (out.logits[rows], out.argmax[rows])
+            # 3. Verify the whole round in one call.
+            outcome = verify_round(logits, [_round_draft(units[u][1], units[u][2]) for u in ok], argmax)
+            verified = dict(zip(ok, zip(outcome.emitted, outcome.accepted, strict=True), strict=True))
+        done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
+        for i, w in enumerate(work):
+            if i not in verified:
+                self.runner.truncate(w.seq_id, len(w.history) - 1)  # its round's KV is garbage
+                continue
+            (e, a), u = verified[i], i
+            for j, (owner, f) in enumerate(forks):
+                alt = verified.get(len(work) + j)
+                # The branch the target's choices follow further wins (its first choice is the same row's).
+                if owner == i and alt is not None and alt[1] > a and alt[0][0] == e[0]:
+                    self.runner.adopt(w.seq_id, f)
+                    (e, a), u = alt, len(work) + j
+            # 4. Roll back to the accepted prefix: KV keeps the pending token + accepted drafts.
+            self.runner.truncate(w.seq_id, len(w.history) + a)
+            done[i] = RoundDone(e, a)
+            if out.features is not None:  # committed: the pending token and the accepted drafts
+                b0 = bounds[u][0]
+                self._feed(w.seq_id, len(w.history) - 1, out.features[b0 : b0 + a + 1])
         return done
+
+    def _fork_branches(self, work: Sequence[RoundWork]) -> list[tuple[int, int]]:
+        """Fork the KV of each one-hot draft with a sibling branch, where the cache has the blocks to spare.
+
+        A fork shares every block; the round then needs at most one copied partial block and the
+        branch's own growth, beyond what the sequences' own rows take. Without the blocks the
+        branch is skipped: the round is what it would be without it.
+        """
+        kv = self.runner.kv
+        spare = kv.num_available_blocks - sum(kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1) for w in work)
+        forks: list[tuple[int, int]] = []
+        for i, w in enumerate(work):
+            d, f = w.draft, -1 - w.seq_id  # fork ids: negative, never an engine sequence's
+            if not d.alt or d.q is not None or kv.has(f):
+                continue
+            need = 2 + kv.blocks_needed(w.seq_id, len(d.alt) + 1)
+            if need <= spare:
+                self.runner.fork(w.seq_id, f)
+                spare -= need
+                forks.append((i, f))
+        return forks
 
     def _feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
         assert self.tap is not None
@@ -145,7 +189,11 @@ class LocalTarget:
         pass  # the runner's memory goes with it
 
 
-def _round_draft(w: RoundWork) -> RoundDraft:
+def _round_draft(w: RoundWork, branch: bool = False) -> RoundDraft:
+    """What verify_round needs of ``w``'s draft, or of its sibling branch (one-hot, the same positions)."""
     d, p = w.draft, w.params
+    if branch:
+        u = None if w.uniforms is None else w.uniforms[: len(d.alt) + 1]  # [k'+1, 2]
+        return RoundDraft(d.alt, p.temperature, p.top_k, p.top_p, u, None)
     q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
     return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, w.uniforms, q)

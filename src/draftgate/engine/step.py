@@ -71,7 +71,7 @@ def speculative_step(
     # 3. Emit, cut where plain decoding stops.
     emitted = [s.append(r.emitted) if r.error is None else [] for s, r in zip(seqs, done, strict=True)]
     drafted = [len(d.token_ids) for d in drafts]
-    n_tok = sum(k + 1 for k in drafted)
+    n_tok = sum(k + 1 for k in drafted) + sum(len(d.alt) + 1 for d in drafts if d.alt)  # sibling branches' rows too
     return StepResult(
         emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
         [r.error for r in done], [r.approximate for r in done],

@@ -111,6 +111,10 @@ class ModelRunner:
     def fork(self, parent_id: int, child_id: int) -> None:
         self.kv.fork(parent_id, child_id)
 
+    def adopt(self, seq_id: int, child_id: int) -> None:
+        """``seq_id`` continues on its fork ``child_id``'s KV (``KVManager.adopt``)."""
+        self.kv.adopt(seq_id, child_id)
+
     def free(self, seq_id: int) -> None:
         if self.kv.has(seq_id):
             self.kv.free(seq_id)
