@@ -20,6 +20,7 @@ from draftgate.models.runner import ForwardItem, ModelRunner
 # On SmolLM2 transformers' own "eager" and "sdpa" paths differ by 9.9e-5, so for the
 # real model this budget is fp32 noise: a real bug (RoPE, masking, a stale slot) is >> 1e-3.
 TOL = 1e-4
+REL_TOL = 5e-6  # of the largest reference logit
 MODELS = ["tiny", pytest.param("real", marks=pytest.mark.real_model)]
 
 
@@ -65,7 +66,11 @@ def hf_logits(hf, tokens: list[int]) -> torch.Tensor:
 def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     assert ours.shape == ref.shape and ours.dtype == torch.float32
     diff = (ours - ref).abs().max().item()
-    assert diff <= TOL, f"max abs logit difference {diff:.3g} > {TOL}"
+    # fp32 sums in another order (our kernels' FMA chains vs transformers' BLAS, 30 layers) differ by
+    # a few ulps of the largest logits: measured 1.2e-4 on an AVX2 CPU with logits near 30; a real
+    # error is orders of magnitude larger.
+    tol = max(TOL, REL_TOL * ref.abs().max().item())
+    assert diff <= tol, f"max abs logit difference {diff:.3g} > {tol:.3g}"
 
 
 def test_prefill_all_positions(model: LoadedModel, hf, runner: ModelRunner) -> None:
