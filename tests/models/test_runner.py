@@ -169,3 +169,20 @@ def test_failed_forward_rolls_back_reserved_slots(tiny_model: LoadedModel, hf) -
     assert runner.length(0) == 6
     (logits,) = runner.forward([ForwardItem(0, [5])])
     assert max_diff(logits, hf_logits(hf, prompt + [5])[-1:]) <= 1e-4
+
+
+def test_runners_on_one_loaded_model_share_its_packed_weights(tiny_model_dir) -> None:  # noqa: ANN001
+    """One packed copy per loaded model (native kernels); another load packs its own; KV stays per runner."""
+    from draftgate.models.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir))
+    a, b = ModelRunner(loaded, num_blocks=8), ModelRunner(loaded, num_blocks=8)
+    if a.kernels.value != "native":
+        pytest.skip("native kernels unavailable here")
+    assert a.model is b.model and a.cache is not b.cache
+    assert ModelRunner(load_model(str(tiny_model_dir)), num_blocks=8).model is not a.model
+    a.prefill(1, [1, 2, 3])
+    b.prefill(1, [4, 5, 6])  # the same sequence id in two runners: separate KV, separate answers
+    (la,) = a.forward([ForwardItem(1, [7])])
+    (lb,) = b.forward([ForwardItem(1, [7])])
+    assert not torch.equal(la, lb)

@@ -35,6 +35,9 @@ __all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "PackedLinear", "pro
 NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+_SHARED: weakref.WeakValueDictionary[tuple[int, int], NativeLlama] = weakref.WeakValueDictionary()
+
+
 class NativeKVCache:
     """float32 keys and values of every layer, paged in blocks of ``block_size`` positions.
 
@@ -61,6 +64,23 @@ def _i64(x: list[int]) -> torch.Tensor:
 class NativeLlama:
     """Packed weights and the native forward. Holds no per-request state: KV lives in a NativeKVCache."""
 
+    @classmethod
+    def shared(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib) -> NativeLlama:
+        """One packed copy per loaded model in a process: runners built on the same weights share it.
+
+        Each copy is the model's size again (538 MB for SmolLM2-135M in float32), and copies land
+        in different memory: several engine arms of one benchmark process each streamed their own,
+        and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md,
+        issue 13, seventh session). Safe to share: the forward keeps no state between calls.
+        """
+        embed = weights["model.embed_tokens.weight"]
+        key = (id(embed), id(lib))
+        hit = _SHARED.get(key)
+        if hit is not None and hit._source() is embed:
+            return hit
+        model = _SHARED[key] = cls(cfg, weights, lib)
+        return model
+
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib) -> None:
         self.cfg = cfg
         self.lib = lib
@@ -69,6 +89,7 @@ class NativeLlama:
         if embed.dtype not in NATIVE_DTYPES:
             raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {embed.dtype}")
         self.dtype = embed.dtype
+        self._source = weakref.ref(embed)  # what ``shared`` matches (an id alone may be reused)
         self._keep: list[torch.Tensor] = []  # tensors the C side points into
         self._packed: list[int] = []
         inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]

@@ -78,7 +78,7 @@ class ModelRunner:
         self.cache: NativeKVCache | KVCache
         if self.kernels is Kernels.NATIVE:
             lib = load_library(build_dir or default_cache_dir())  # NativeUnavailable says what to do
-            self.model = NativeLlama(loaded.config, loaded.weights, lib)
+            self.model = NativeLlama.shared(loaded.config, loaded.weights, lib)
             self.cache = NativeKVCache(loaded.config, num_blocks, block_size)
         else:
             self.model = LlamaModel(loaded.config, loaded.weights, self.device)
