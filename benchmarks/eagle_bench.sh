@@ -7,7 +7,7 @@
 set -euo pipefail
 OUT=${1:-bench-eagle}
 DG=${DG:-.venv/bin/draftgate}
-ARMS=plain,eagle,auto,auto:head=none  # auto: with the shipped head (default) and without it
+ARMS=${ARMS:-plain,eagle,auto,auto:head=none}  # auto: with the shipped head (default) and without it
 # Held-out prompts: open chat, writing, QA, translation (open-ended) and the grounded categories.
 $DG bench --prompts benchmarks/prompts/heldout.jsonl --arms $ARMS --runs 3 --max-new-tokens 128 \
     --no-plots --out "$OUT/heldout"

@@ -18,6 +18,15 @@ to pass): on the open-chat eval prompts 2 of every 3 chain steps computed a toke
 cut; with the rule a round's draft cost 2.8 instead of 3.8 ms (medians of 3 alternated runs,
 about 3% of a round) for 0.01 fewer tokens a round.
 
+BRANCH: where the head gives its runner-up for the first token at least ``min_branch`` (0.15 by
+default), the draft carries it as a sibling branch (``Draft.alt``, EAGLE-2's tree at its first
+level only). The local target verifies it in the same forward on a copy-on-write fork of the
+sequence's KV (two more rows: the pending token again and the sibling) and keeps the branch the
+target's choices follow further. On the open-chat eval prompts the head's first draft is wrong
+in about half the rounds and its runner-up is then often the target's choice (docs/BENCHMARKS.md,
+issue 13, "seventh session"). Deeper levels would need a tree attention mask in the native
+kernels to pay for their rows; one level needs none.
+
 Every draft is one-hot, verified by matching the target's own choice, so the output is plain
 decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
 coupled to the target's draw: draft i is the token the target's inverse-CDF sample with its own

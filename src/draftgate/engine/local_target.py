@@ -2,8 +2,14 @@
 
 A round is one ragged forward over [pending token, drafts...] of every sequence, one
 ``verify_round`` call for all of them, and each sequence's KV truncated to its accepted prefix
-(the rollback). Admission reserves each sequence's worst-case KV blocks (prompt + max tokens +
-one round of drafts) so a running sequence can never run out of blocks mid-request.
+(the rollback). A one-hot draft's sibling branch (``Draft.alt``) runs in the same forward on a
+copy-on-write fork of its sequence's KV; the branch the target's choices follow further is kept,
+its KV taken over by the sequence, the other freed (``_fork_branches``, ``_round``).
+
+Admission reserves each sequence's worst-case KV blocks (prompt + max tokens + one round of
+drafts) so a running sequence can never run out of blocks mid-request. A fork borrows free
+blocks for its round only (a kept branch leaves its sequence as many blocks as its own rows
+would have), or is skipped.
 """
 
 from __future__ import annotations
