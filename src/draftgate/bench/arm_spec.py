@@ -99,11 +99,10 @@ def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | Non
             try:
                 branch = float(opt[len("branch=") :])
             except ValueError:
-                raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no sibling branch)") from None
+                branch = -1.0
             if not 0.0 <= branch <= 1.0:
                 raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no sibling branch)")
-            continue
-        if opt.startswith("draft="):
+        elif opt.startswith("draft="):
             draft = opt[len("draft=") :] or None
             if draft is None:
                 raise ArmError(f"arm {name!r}: draft= needs a model folder or file")

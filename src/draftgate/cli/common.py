@@ -60,7 +60,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
     g.add_argument(
         "--draft-branch",
         type=float,
-        default=0.15,
+        default=EngineConfig.draft_branch,
         metavar="P",
         help="a draft head also sends its second choice for the first draft token where it gives that "
         "choice at least P; the target verifies both branches in one forward and keeps the one it follows "
@@ -100,7 +100,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         k_max=max(a.k_max, a.k or 0),
         draft_model=a.draft_model,
         draft_head=getattr(a, "draft_head", None),
-        draft_branch=getattr(a, "draft_branch", 0.15),
+        draft_branch=getattr(a, "draft_branch", EngineConfig.draft_branch),
         device=a.device,
         dtype=a.dtype,
         num_blocks=a.kv_blocks,

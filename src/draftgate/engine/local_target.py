@@ -132,18 +132,20 @@ class LocalTarget:
             # 3. Verify the whole round in one call.
             outcome = verify_round(logits, [_round_draft(units[u][1], units[u][2]) for u in ok], argmax)
             verified = dict(zip(ok, zip(outcome.emitted, outcome.accepted, strict=True), strict=True))
+        branch_of = {i: (len(work) + j, f) for j, (i, f) in enumerate(forks)}  # work index -> (unit, fork id)
         done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
         for i, w in enumerate(work):
             if i not in verified:
                 self.runner.truncate(w.seq_id, len(w.history) - 1)  # its round's KV is garbage
                 continue
             (e, a), u = verified[i], i
-            for j, (owner, f) in enumerate(forks):
-                alt = verified.get(len(work) + j)
+            if i in branch_of:
+                bu, f = branch_of[i]
+                alt = verified.get(bu)
                 # The branch the target's choices follow further wins (its first choice is the same row's).
-                if owner == i and alt is not None and alt[1] > a and alt[0][0] == e[0]:
+                if alt is not None and alt[1] > a and alt[0][0] == e[0]:
                     self.runner.adopt(w.seq_id, f)
-                    (e, a), u = alt, len(work) + j
+                    (e, a), u = alt, bu
             # 4. Roll back to the accepted prefix: KV keeps the pending token + accepted drafts.
             self.runner.truncate(w.seq_id, len(w.history) + a)
             done[i] = RoundDone(e, a)
