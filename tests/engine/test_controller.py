@@ -359,6 +359,45 @@ def test_expensive_drafter_turns_speculation_off() -> None:
     assert sum(k > 0 for k in ks[200:]) < 30
 
 
+def test_cost_branch_rows_priced_at_the_measured_slope() -> None:
+    cost = measured(linear)
+    assert cost.round_forward_time("head", 3) == pytest.approx(linear(3))  # no branch observed yet
+    for extra in (2, 0, 2, 0):
+        cost.observe_branch("head", extra)
+    assert cost.branch_rows("head") == pytest.approx(1.0)
+    assert cost.round_forward_time("head", 3) == pytest.approx(linear(3) + 1.0 * 0.1)  # one row's slope
+    assert cost.round_forward_time("lookup", 3) == pytest.approx(linear(3))  # per drafter
+    with pytest.raises(ValueError):
+        cost.observe_branch("head", -1)
+
+
+def _branching(alpha: float, priced: bool, rounds: int = 600) -> tuple[float, list[int]]:
+    """Every drafted round also runs a two-row sibling branch (as eagle's do), timed at its true size."""
+    rng, ctl, cost = random.Random(3), GoodputController(K_MAX, "sim"), measured(linear)
+    tokens, seconds, ks = 0, 0.0, []
+    for _ in range(rounds):
+        k = ctl.choose_k(cost)
+        rows = k + 1 + (2 if k else 0)
+        cost.observe_forward(rows, linear(rows))
+        if k and priced:
+            cost.observe_branch("sim", 2)
+        a = accepted_count(rng, k, alpha)
+        ctl.record(k, a)
+        tokens, seconds = tokens + a + 1, seconds + linear(rows)
+        ks.append(k)
+    return tokens / seconds, ks
+
+
+def test_branch_rows_priced_keep_a_losing_draft_off() -> None:
+    """alpha 0.2 at 0.1 a row: K = 1 looks like 1.2 / 1.1 of plain by its own rows, and is 1.2 / 1.3
+    with the branch's two; priced by K + 1 rows alone the controller drafts at a loss (the control)."""
+    plain = 1.0 / linear(1)
+    good, ks = _branching(0.2, priced=True)
+    assert good >= 0.97 * plain and sum(k > 0 for k in ks[200:]) < 40
+    bad, _ = _branching(0.2, priced=False)
+    assert bad < 0.95 * plain
+
+
 def test_k_max_zero_and_one() -> None:
     cost = measured(linear)
     zero = GoodputController(0, "sim")

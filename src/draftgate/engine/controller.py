@@ -59,6 +59,8 @@ STALE_SHIFT: Final = 0.2
 # (a loaded CI run: the head drafted 2 tokens in 93 rounds). An expensive drafter pays for such
 # probes only until its window holds this many timings.
 FEW_CATCH_UPS: Final = 3
+# Drafted rounds over which a drafter's mean extra (sibling branch) rows are taken.
+BRANCH_WINDOW: Final = 64
 
 
 def _prior(n: float) -> float:
@@ -116,6 +118,7 @@ class CostModel:
         self._forwards = 0  # forward observations so far
         self._last_seen: dict[int, int] = {}  # bucket -> value of _forwards when it was last observed
         self._catch_up: dict[str, deque[tuple[float, int]]] = {}  # drafter -> last `window` (seconds a token, tokens)
+        self._branch: dict[str, deque[int]] = {}  # drafter -> extra rows of its last BRANCH_WINDOW drafted rounds
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
         """One target forward over num_tokens tokens in total (all sequences) took seconds."""
@@ -233,6 +236,34 @@ class CostModel:
             if run == half:  # an even split: between this price and the next
                 return (t + ranked[i + 1][0]) / 2.0 * num_tokens
         raise AssertionError("unreachable: the weights sum to more than half")
+
+    def observe_branch(self, drafter: str, extra_rows: int) -> None:
+        """One drafted round of drafter put extra_rows rows in the forward beyond its K + 1 (a sibling branch)."""
+        if extra_rows < 0:
+            raise ValueError(f"extra_rows must be >= 0, got {extra_rows!r}")
+        obs = self._branch.get(drafter)
+        if obs is None:
+            obs = self._branch[drafter] = deque(maxlen=BRANCH_WINDOW)
+        obs.append(extra_rows)
+
+    def branch_rows(self, drafter: str) -> float:
+        """Mean extra rows a drafted round of drafter adds to the forward (0 before any observation)."""
+        obs = self._branch.get(drafter)
+        return sum(obs) / len(obs) if obs else 0.0
+
+    def round_forward_time(self, drafter: str, n: int) -> float:
+        """Expected seconds of the forward of a round whose sequences put n rows in it, one of them
+        drafting with drafter: ``forward_time(n)`` (unmeasured sizes optimistic) plus the drafter's
+        mean extra rows at the measured slope from n to n + 2 (a sibling branch's two rows). Rounds
+        with a branch are timed at their true size; pricing K by its K + 1 rows alone left eagle
+        drafting at 0.88x of plain on a grounded prompt on an AVX-512 Xeon, where a 4-row forward
+        costs 1.28x a 1-row one (docs/BENCHMARKS.md, issue 13, eighth session)."""
+        t = self.forward_time(n, optimistic=True)
+        extra = self.branch_rows(drafter)
+        if extra <= 0.0:
+            return t
+        per_row = max(0.0, self.forward_time(n + 2) - self.forward_time(n)) / 2.0
+        return t + extra * per_row
 
     def draft_priced(self, drafter: str) -> bool:
         """Whether a steady-state call of drafter has been timed (``draft_time`` is a measurement, not 0)."""
@@ -558,10 +589,11 @@ class GoodputController:
         return goodputs.index(max(goodputs)) + 1
 
     def _step_times(self, cost: CostModel, other_tokens: int) -> list[float]:
-        """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic)."""
+        """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic; the
+        drafter's sibling-branch rows as often as they come)."""
         plain = other_tokens + 1
         return [
-            cost.draft_time(self.drafter, k) + cost.forward_time(plain + k, optimistic=True)
+            cost.draft_time(self.drafter, k) + cost.round_forward_time(self.drafter, plain + k)
             for k in range(1, self.k_max + 1)
         ]
 

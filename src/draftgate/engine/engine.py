@@ -300,6 +300,9 @@ class Engine(Frontend):
             return
         self.cost.observe_forward(res.forward_tokens, res.forward_s)
         self._observe_draft_cost(batch, ks, res.drafted, lag, res.draft_s)
+        for r, k, extra in zip(batch, res.drafted, res.branch_rows, strict=True):
+            if k:
+                self.cost.observe_branch(r.source, extra)  # priced into its K (CostModel.round_forward_time)
         for r, k, asked, n in zip(batch, res.drafted, ks, seen, strict=True):
             r.last_source = r.source if k > 0 else None
             if asked:

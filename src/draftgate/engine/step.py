@@ -43,6 +43,7 @@ class StepResult:
     errors: list[str | None]  # per sequence, the target's error (that request ends), else None
     approximate: list[bool]  # per sequence, verified by an approximation the route allowed
     sampled: list[bool]  # per sequence, its drafts came with a sampled q (rejection sampling, not matching)
+    branch_rows: list[int]  # per sequence, forward rows its sibling branch added (Draft.alt: len + 1), else 0
 
 
 def speculative_step(
@@ -71,11 +72,13 @@ def speculative_step(
     # 3. Emit, cut where plain decoding stops.
     emitted = [s.append(r.emitted) if r.error is None else [] for s, r in zip(seqs, done, strict=True)]
     drafted = [len(d.token_ids) for d in drafts]
-    n_tok = sum(k + 1 for k in drafted) + sum(len(d.alt) + 1 for d in drafts if d.alt)  # sibling branches' rows too
+    branch = [len(d.alt) + 1 if d.alt else 0 for d in drafts]
+    n_tok = sum(k + 1 for k in drafted) + sum(branch)  # sibling branches' rows too
     return StepResult(
         emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
         [r.error for r in done], [r.approximate for r in done],
         [bool(d.token_ids) and d.q is not None and not s.params.greedy for s, d in zip(seqs, drafts, strict=True)],
+        branch,
     )  # fmt: skip
 
 
