@@ -255,9 +255,10 @@ class CostModel:
         """Expected seconds of the forward of a round whose sequences put n rows in it, one of them
         drafting with drafter: ``forward_time(n)`` (unmeasured sizes optimistic) plus the drafter's
         mean extra rows at the measured slope from n to n + 2 (a sibling branch's two rows). Rounds
-        with a branch are timed at their true size; pricing K by its K + 1 rows alone left eagle
-        drafting at 0.88x of plain on a grounded prompt on an AVX-512 Xeon, where a 4-row forward
-        costs 1.28x a 1-row one (docs/BENCHMARKS.md, issue 13, eighth session)."""
+        with a branch are timed at their true size and their accepted tokens count in the source's
+        acceptance, so pricing K by its K + 1 rows alone understated what a round costs where rows
+        are dear (an AVX-512 Xeon: 4 rows 1.28x of one). A one-process A/B found no speed change
+        beyond noise (docs/BENCHMARKS.md, issue 13, eighth session)."""
         t = self.forward_time(n, optimistic=True)
         extra = self.branch_rows(drafter)
         if extra <= 0.0:
