@@ -391,6 +391,8 @@ def test_a_sibling_branch_is_skipped_without_blocks_to_spare(tiny_model: LoadedM
         d = Draft([(plain[1] + 1) % V, 3, 4], alt=(plain[1],))
         res = speculative_step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
         assert res.accepted == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
+        ran = 2 if accepted else 0  # a skipped branch ran no rows: none counted, none priced
+        assert res.branch_rows == [ran] and res.forward_tokens == 4 + ran
     finally:
         small.free(1)
     small.kv.check_no_leaks()

@@ -300,11 +300,10 @@ class Engine(Frontend):
             return
         self.cost.observe_forward(res.forward_tokens, res.forward_s)
         self._observe_draft_cost(batch, ks, res.drafted, lag, res.draft_s)
-        for r, k, extra in zip(batch, res.drafted, res.branch_rows, strict=True):
+        for r, k, asked, n, extra in zip(batch, res.drafted, ks, seen, res.branch_rows, strict=True):
+            r.last_source = r.source if k > 0 else None
             if k:
                 self.cost.observe_branch(r.source, extra)  # priced into its K (CostModel.round_forward_time)
-        for r, k, asked, n in zip(batch, res.drafted, ks, seen, strict=True):
-            r.last_source = r.source if k > 0 else None
             if asked:
                 r.synced[r.source] = n
         with self._lock:

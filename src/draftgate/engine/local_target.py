@@ -139,6 +139,7 @@ class LocalTarget:
                 self.runner.truncate(w.seq_id, len(w.history) - 1)  # its round's KV is garbage
                 continue
             (e, a), u = verified[i], i
+            extra = len(items[branch_of[i][0]].tokens) if i in branch_of else 0  # the fork's rows
             if i in branch_of:
                 bu, f = branch_of[i]
                 alt = verified.get(bu)
@@ -148,7 +149,7 @@ class LocalTarget:
                     (e, a), u = alt, bu
             # 4. Roll back to the accepted prefix: KV keeps the pending token + accepted drafts.
             self.runner.truncate(w.seq_id, len(w.history) + a)
-            done[i] = RoundDone(e, a)
+            done[i] = RoundDone(e, a, branch_rows=extra)
             if out.features is not None:  # committed: the pending token and the accepted drafts
                 b0 = bounds[u][0]
                 self._feed(w.seq_id, len(w.history) - 1, out.features[b0 : b0 + a + 1])
