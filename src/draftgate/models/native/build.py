@@ -30,7 +30,7 @@ __all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "load_library", "LEVEL
 DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("kernels.cpp", "gemm.h", "pool.h", "simd.h", "head_step.h")
+_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "pool.h", "simd.h", "head_step.h")
 LEVELS = ("avx512", "avx2", "portable")
 _MARCH = {"avx512": ["-march=x86-64-v4"], "avx2": ["-march=x86-64-v3"], "portable": []}
 _FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread"]

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "gemm.h"
 #include "pool.h"
 #include "simd.h"
@@ -147,108 +148,6 @@ static void rope_and_store(const Model& m, const Batch& bt, int li, float* qkv_r
               sizeof(float) * m.Hkv * D);
 }
 
-// out[D] = softmax(q . k_j / sqrt(D), j = 0..S-1) @ v_j for one row and one query head whose
-// kv head is g; table holds the sequence's blocks and slots[j] the cache slot of position j.
-// Scores come VL keys at a time from the transposed key blocks (one FMA chain over d per key, no
-// horizontal sums); the order of every sum depends on S and the block size only.
-static void attend(const Model& m, const Batch& bt, int li, const float* q, int64_t S, const int32_t* table,
-                   const int64_t* slots, int g, float* scores, float* out) {
-  const int D = m.D;
-  const int64_t bs = bt.block_size;
-  const size_t row = size_t(m.Hkv) * D, kblock = row * bs;
-  const float* kc = bt.kc + size_t(li) * bt.layer_stride + size_t(g) * D * bs;
-  const float* vc = bt.vc + size_t(li) * bt.layer_stride + size_t(g) * D;
-  const V scale = vset1(1.0f / std::sqrt(float(D)));
-  // The key vectors: VL keys (fewer at a block's or the context's end) of one block each.
-  struct KeyVec {
-    const float* kt;  // first key's column in its block's [D][bs] tile
-    int64_t j;        // position of the first key
-    int lanes;
-  };
-  constexpr int ILP = 4;  // independent FMA chains in flight (one chain per vector of keys)
-  KeyVec kv[ILP];
-  int nkv = 0;
-  V vmx = vset1(-INFINITY);
-  auto store = [&](const KeyVec& key, V acc) {
-    alignas(64) float tmp[VL];
-    vstore(tmp, vmul(acc, scale));
-    for (int i = 0; i < key.lanes; i++) {
-      scores[key.j + i] = tmp[i];
-      vmx = vmax(vmx, vset1(tmp[i]));
-    }
-  };
-  auto flush = [&]() {
-    bool full = nkv == ILP;
-    for (int u = 0; u < nkv; u++) full = full && kv[u].lanes == VL;
-    if (full) {  // the common case, unrolled so the four chains stay in registers
-      V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-      const float *p0 = kv[0].kt, *p1 = kv[1].kt, *p2 = kv[2].kt, *p3 = kv[3].kt;
-      for (int d = 0; d < D; d++) {
-        const V qd = vset1(q[d]);
-        const size_t o = size_t(d) * bs;
-        a0 = vfma(qd, vload(p0 + o), a0);
-        a1 = vfma(qd, vload(p1 + o), a1);
-        a2 = vfma(qd, vload(p2 + o), a2);
-        a3 = vfma(qd, vload(p3 + o), a3);
-      }
-      store(kv[0], a0);
-      store(kv[1], a1);
-      store(kv[2], a2);
-      store(kv[3], a3);
-    } else {
-      for (int u = 0; u < nkv; u++) {
-        V a = vzero();
-        for (int d = 0; d < D; d++) a = vfma(vset1(q[d]), vload_n(kv[u].kt + size_t(d) * bs, kv[u].lanes), a);
-        store(kv[u], a);
-      }
-    }
-    nkv = 0;
-  };
-  for (int64_t t0 = 0; t0 < S; t0 += bs) {
-    const float* kt = kc + size_t(table[t0 / bs]) * kblock;  // [D][bs] keys t0 .. t0+bs-1
-    const int64_t nkeys = std::min(bs, S - t0);
-    for (int64_t c = 0; c < nkeys; c += VL) {
-      kv[nkv++] = KeyVec{kt + c, t0 + c, int(std::min<int64_t>(VL, nkeys - c))};
-      if (nkv == ILP) flush();
-    }
-  }
-  if (nkv) flush();
-  const float mx = vmaxval(vmx);
-  int64_t j = 0;
-  V vs = vzero(), vm = vset1(mx);
-  for (; j + VL <= S; j += VL) {
-    V e = vexp(vsub(vload(scores + j), vm));
-    vstore(scores + j, e);
-    vs = vadd(vs, e);
-  }
-  float sum = vsum(vs);
-  for (; j < S; j++) {
-    scores[j] = sexp(scores[j] - mx);
-    sum += scores[j];
-  }
-  constexpr int DV_MAX = 256 / VL;  // head_dim up to 256 in registers
-  if (D % VL == 0 && D / VL <= DV_MAX) {
-    V acc[DV_MAX];
-    const int nd = D / VL;
-    for (int c = 0; c < nd; c++) acc[c] = vzero();
-    for (j = 0; j < S; j++) {
-      const float* v = vc + size_t(slots[j]) * row;
-      V p = vset1(scores[j]);
-      for (int c = 0; c < nd; c++) acc[c] = vfma(p, vload(v + c * VL), acc[c]);
-    }
-    V inv = vset1(1.0f / sum);
-    for (int c = 0; c < nd; c++) vstore(out + c * VL, vmul(acc[c], inv));
-    return;
-  }
-  for (int c = 0; c < D; c++) out[c] = 0.0f;
-  for (j = 0; j < S; j++) {
-    const float* v = vc + size_t(slots[j]) * row;
-    for (int c = 0; c < D; c++) out[c] = out[c] + scores[j] * v[c];
-  }
-  float inv = 1.0f / sum;
-  for (int c = 0; c < D; c++) out[c] = out[c] * inv;
-}
-
 static void silu_mul(const float* gu, int F, float* out) {  // gu = [gate | up], out = silu(gate) * up
   int c = 0;
   V one = vset1(1.0f), zero = vzero();
@@ -308,7 +207,55 @@ static void forward(const Model& m, const Batch& bt, int B) {
   Pool& P = pool();
   std::vector<RowMax> part(size_t(P.size()) * bt.R);
   Barrier team(P.size());
-  std::vector<std::vector<float>> scratch(P.size(), std::vector<float>(size_t(max_ctx)));
+  // Attention work: consecutive rows of one sequence in groups of up to ATT_ROWS, each with its key
+  // chunks. An item is a group and a kv head (all of its query heads), or a group and one query
+  // head where that would leave fewer than two items a thread (a one-token pass uses every thread).
+  struct RowGroup {
+    int row0, nrows, seq;
+    std::vector<KeyChunk> chunks;
+  };
+  struct AttnItem {
+    int group, g, h0, nh;
+  };
+  std::vector<RowGroup> groups;
+  for (int i = 0; i < N;) {
+    int j = i + 1;
+    while (j < N && j - i < ATT_ROWS && bt.row_seq[j] == bt.row_seq[i]) j++;
+    int64_t smax = 0;
+    for (int r = i; r < j; r++) smax = std::max<int64_t>(smax, bt.positions[r] + 1);
+    const int32_t* table = bt.tables + bt.table_off[bt.row_seq[i]];
+    groups.push_back(RowGroup{i, j - i, bt.row_seq[i], key_chunks(table, smax, bt.block_size, int64_t(m.Hkv) * D * bt.block_size)});
+    i = j;
+  }
+  const int hpg = H / m.Hkv;
+  const bool split = int(groups.size()) * m.Hkv < 2 * P.size();
+  std::vector<AttnItem> items;
+  for (int gi = 0; gi < int(groups.size()); gi++)
+    for (int g = 0; g < m.Hkv; g++) {
+      if (split)
+        for (int hh = 0; hh < hpg; hh++) items.push_back(AttnItem{gi, g, g * hpg + hh, 1});
+      else
+        items.push_back(AttnItem{gi, g, g * hpg, hpg});
+    }
+  const int n_items = int(items.size());
+  std::unique_ptr<std::atomic<int>[]> next_item(new std::atomic<int>[m.L]);  // each layer's next item
+  for (int li = 0; li < m.L; li++) next_item[li].store(0);
+  const int64_t stride = (max_ctx + VL - 1) / VL * VL;
+  std::vector<std::vector<float>> scratch(P.size(), std::vector<float>(size_t(ATT_ROWS * hpg) * stride));
+  std::vector<std::vector<AttnQuery>> queries(P.size(), std::vector<AttnQuery>(size_t(ATT_ROWS * hpg)));
+  auto run_attention = [&](const AttnItem& it, int li, int tid) {
+    const RowGroup& gr = groups[it.group];
+    AttnQuery* qs = queries[tid].data();
+    int nq = 0;
+    for (int r = gr.row0; r < gr.row0 + gr.nrows; r++)
+      for (int hh = it.h0; hh < it.h0 + it.nh; hh++, nq++)
+        qs[nq] = AttnQuery{&qkv[size_t(r) * ldq + size_t(hh) * D], bt.positions[r] + 1,
+                           scratch[tid].data() + size_t(nq) * stride, &attn[size_t(r) * H * D + size_t(hh) * D]};
+    const float* kbase = bt.kc + size_t(li) * bt.layer_stride + size_t(it.g) * D * bt.block_size;
+    const float* vbase = bt.vc + size_t(li) * bt.layer_stride + size_t(it.g) * D;
+    attend_many(qs, nq, kbase, vbase, gr.chunks.data(), int64_t(gr.chunks.size()), m.Hkv, D, bt.block_size,
+                slots[gr.seq].data());
+  };
 
   P.run([&](int tid, int nt) {
     Barrier solo(1);  // the pool was busy and this thread runs the whole job
@@ -340,12 +287,8 @@ static void forward(const Model& m, const Batch& bt, int B) {
       }
       B.wait();
       clk.lap(P_ROPE);
-      for (int item = tid; item < N * H; item += nt) {  // cyclic: long and short rows interleave
-        int i = item / H, hh = item % H;
-        attend(m, bt, li, &qkv[size_t(i) * ldq + size_t(hh) * D], bt.positions[i] + 1,
-               bt.tables + bt.table_off[bt.row_seq[i]], slots[bt.row_seq[i]].data(), hh / (H / m.Hkv),
-               scratch[tid].data(), &attn[size_t(i) * H * D + size_t(hh) * D]);
-      }
+      for (int it = next_item[li].fetch_add(1); it < n_items; it = next_item[li].fetch_add(1))
+        run_attention(items[it], li, tid);
       B.wait();
       clk.lap(P_ATTN);
       gemm(Ly.o, attn.data(), N, H * D, x.data(), C, true, tid, nt);

@@ -149,6 +149,19 @@ static inline V vload_n(const float* p, int n) {
 #endif
 }
 
+// Store the first n <= VL lanes of a at p (never writes past p + n).
+static inline void vstore_n(float* p, V a, int n) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), a);
+#elif defined(__AVX2__)
+  alignas(32) static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_load_si256(reinterpret_cast<const __m256i*>(ramp)));
+  _mm256_maskstore_ps(p, mask, a);
+#else
+  for (int i = 0; i < n; i++) p[i] = a.v[i];
+#endif
+}
+
 // Horizontal sum in a fixed order (a fixed shuffle tree per instruction set).
 static inline float vsum(V a) {
 #if defined(__AVX512F__)
