@@ -42,21 +42,24 @@ def test_drafts_need_the_targets_features(tiny_model: LoadedModel) -> None:
     assert d.propose([req])[0].token_ids == []
 
 
-def test_the_heads_runner_up_goes_along_as_a_sibling_branch_where_likely_enough(tiny_model: LoadedModel) -> None:
+def test_the_heads_runner_ups_go_along_as_tree_leaves_where_likely_enough(tiny_model: LoadedModel) -> None:
     d = _drafter(tiny_model)
     C, nF = tiny_model.config.hidden_size, len(d.feature_layers)
     d.feed(1, 0, torch.randn(4, nF, C))
     req = DraftRequest(1, [1, 2, 3, 4, 5], 3, GREEDY)
     d.min_branch = None
-    assert d.propose([req])[0].alt == ()
-    d.min_branch = 1e-9  # a random head's runner-up has about 1 / V
+    assert d.propose([req])[0].tree == ()
+    d.min_branch = 1e-9  # a random head's runner-up has about 1 / V: a leaf beside every chain token
     draft = d.propose([req])[0]
     h = d._seqs[1]
     q = torch.softmax(h.last_logits, dim=-1)  # [Vs]: the head's first-token distribution
     top2 = [int(d.head.vocab_ids[j]) for j in q.topk(2).indices]
-    assert draft.token_ids[0] == top2[0] and draft.alt == (top2[1],)
-    d.min_branch = float(q.topk(2).values[1]) * 1.01  # just above the runner-up's probability: no branch
-    assert d.propose([req])[0].alt == ()
+    assert draft.token_ids[0] == top2[0] and draft.tree[0] == (0, top2[1])
+    assert [p for p, _ in draft.tree] == [0, 1, 2]  # each leaf beside chain token p + 1
+    assert all(t != c for (_, t), c in zip(draft.tree, draft.token_ids, strict=True))
+    # Just above the first runner-up's probability: no leaf there, and the deeper paths are less likely still.
+    d.min_branch = float(q.topk(2).values[1]) * 1.01
+    assert d.propose([req])[0].tree == ()
     with pytest.raises(ValueError, match="min_branch"):
         EagleDrafter(d.head, min_branch=0.0)
 

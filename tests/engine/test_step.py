@@ -320,7 +320,7 @@ def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_not
             runner.free(sid)
 
 
-# ------------------------------------------------------------------ sibling branches (Draft.alt)
+# ------------------------------------------------------------------ draft trees (Draft.tree)
 
 
 def _plain_output(runner: ModelRunner, params: SamplingParams, n: int) -> list[int]:
@@ -337,61 +337,59 @@ def _plain_output(runner: ModelRunner, params: SamplingParams, n: int) -> list[i
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_a_sibling_branch_wins_where_the_target_follows_it(runner: ModelRunner, params: SamplingParams) -> None:
-    """Each draft's sibling branch runs on a KV fork in the same forward; the branch the target's own
-    choices follow further is kept (its KV too), so the output is plain decoding's either way."""
+def test_a_draft_tree_keeps_the_path_the_target_follows(runner: ModelRunner, params: SamplingParams) -> None:
+    """A draft's tree nodes run in the same forward under a tree mask; the path the target's own
+    choices follow is kept (its KV moved into place), so the output is plain decoding's either way."""
     plain = _plain_output(runner, params, 8)
-    cont = plain[1:]
-    wrong = lambda t: (t + 1) % V  # noqa: E731
-    # seq -> (draft, branch, accepted, branch kept?)
+    c = plain[1:]
+    w = lambda t: (t + 1) % V  # noqa: E731  # a wrong token
+    # seq -> (chain, tree nodes (parent, token), accepted); nodes: 0 pending, 1..k chain, k+1.. tree
     plan = {
-        401: ([wrong(cont[0]), 5, 6], (cont[0],), 1, True),  # the draft misses, its branch holds
-        402: ([cont[0], cont[1], wrong(cont[2])], (wrong(cont[0]),), 2, False),  # the draft holds
-        403: ([wrong(cont[0])], (wrong(wrong(cont[0])),), 0, False),  # both miss
-        404: ([wrong(cont[0]), 7, 8], (cont[0], cont[1], cont[2]), 3, True),  # a longer branch, all held
-        405: ([wrong(cont[0]), 7], (cont[0], wrong(cont[1])), 1, True),
+        401: ([w(c[0]), 5, 6], ((0, c[0]),), 1),  # the chain misses, its sibling holds
+        402: ([c[0], c[1], w(c[2])], ((0, w(c[0])),), 2),  # the chain holds
+        403: ([w(c[0])], ((0, w(w(c[0]))),), 0),  # both miss
+        404: ([c[0], w(c[1]), 8], ((1, c[1]), (4, c[2])), 3),  # a sibling with a child of its own, all held
+        405: ([w(c[0]), 7], ((0, c[0]), (3, w(c[1]))), 1),
+        406: ([c[0], c[1], c[2]], ((0, w(c[0])), (1, w(c[1])), (2, w(c[2]))), 3),  # a leaf beside each token
+        407: ([w(c[0]), 3, 4], ((0, w(w(c[0]))), (0, c[0]), (5, c[1])), 2),  # two siblings, the second holds
     }
     for sid in plan:
         runner.prefill(sid, PROMPT)
-    drafter = FixedDrafter({sid: Draft(d, alt=b) for sid, (d, b, _, _) in plan.items()})
+    drafter = FixedDrafter({sid: Draft(d, tree=t) for sid, (d, t, _) in plan.items()})
     seqs = [_seq(runner, params, seed=0, seq_id=sid) for sid in plan]
-    adopted: list[int] = []
-    adopt = runner.adopt
-    runner.adopt = lambda a, b: (adopted.append(a), adopt(a, b))[1]  # type: ignore[method-assign]
     try:
         res = speculative_step(LocalTarget(runner), drafter, seqs, [3] * len(plan))
-        assert res.accepted == [a for _, _, a, _ in plan.values()]
-        assert adopted == [sid for sid, (*_, kept) in plan.items() if kept]
-        assert res.forward_tokens == sum(len(d) + len(b) + 2 for d, b, _, _ in plan.values())
-        assert runner.kv.num_sequences == len(plan)  # every fork is gone
-        for s, (_, _, a, _) in zip(seqs, plan.values(), strict=True):
+        assert res.accepted == [a for *_, a in plan.values()]
+        assert res.branch_rows == [len(t) for _, t, _ in plan.values()]
+        assert res.forward_tokens == sum(len(d) + 1 + len(t) for d, t, _ in plan.values())
+        for s, (*_, a) in zip(seqs, plan.values(), strict=True):
             assert s.output == plain[: a + 2]
             assert runner.length(s.seq_id) == len(s.history) - 1
-        # The next rounds continue from the kept branch's KV exactly as plain decoding would.
+        # The next rounds continue from the kept path's KV exactly as plain decoding would.
         for _ in range(3):
             speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
         for s in seqs:
             assert s.output == plain[: len(s.output)]
     finally:
-        del runner.adopt
         for sid in plan:
             runner.free(sid)
     runner.kv.check_no_leaks()
 
 
-@pytest.mark.parametrize(("blocks", "accepted"), [(3, 0), (5, 1)])
-def test_a_sibling_branch_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel, blocks: int, accepted: int) -> None:
-    """A fork needs blocks beyond the sequences' own rows (PROMPT + 4 rows fill 2 blocks of 8, a fork
-    takes up to 2 more); without them the round runs as if no branch came (with them, the branch holds)."""
+@pytest.mark.parametrize(("blocks", "accepted"), [(2, 0), (3, 3)])
+def test_a_draft_tree_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel, blocks: int, accepted: int) -> None:
+    """PROMPT and the chain's 4 rows fill 2 blocks of 8, the tree's 3 nodes need a third; without it
+    the round verifies the chain alone, as if no tree came (with it, the tree's path holds)."""
     small = ModelRunner(tiny_model, num_blocks=blocks, block_size=8)
-    plain = _plain_output(small, GREEDY, 2)
+    plain = _plain_output(small, GREEDY, 4)
     small.prefill(1, PROMPT)
     s = _seq(small, GREEDY, seed=0, seq_id=1)
     try:
-        d = Draft([(plain[1] + 1) % V, 3, 4], alt=(plain[1],))
+        c = plain[1:]
+        d = Draft([(c[0] + 1) % V, 3, 4], tree=((0, c[0]), (4, c[1]), (5, c[2])))
         res = speculative_step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
         assert res.accepted == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
-        ran = 2 if accepted else 0  # a skipped branch ran no rows: none counted, none priced
+        ran = 3 if accepted else 0  # a skipped tree ran no rows: none counted, none priced
         assert res.branch_rows == [ran] and res.forward_tokens == 4 + ran
     finally:
         small.free(1)
@@ -401,15 +399,17 @@ def test_a_sibling_branch_is_skipped_without_blocks_to_spare(tiny_model: LoadedM
 @pytest.mark.parametrize(
     ("draft", "problem"),
     [
-        (Draft([1, 2], alt=(1,)), "different first token"),
-        (Draft([1], alt=(2, 3)), "at least as long"),
-        (Draft([], alt=(2,)), "at least as long"),
-        (Draft([1], q=torch.full((1, V), 1 / V), alt=(2,)), "one-hot"),
-        (Draft([1], alt=(V,)), "sibling branch token ids"),
+        (Draft([1, 2], tree=((0, 1),)), "repeats a sibling's token"),
+        (Draft([1], tree=((0, 2), (0, 3))), "at least as many chain tokens"),
+        (Draft([], tree=((0, 2),)), "at least as many chain tokens"),
+        (Draft([1], q=torch.full((1, V), 1 / V), tree=((0, 2),)), "one-hot"),
+        (Draft([1], tree=((0, V),)), "tree token ids"),
+        (Draft([1, 2], tree=((3, 5),)), "parent must be an earlier node"),
+        (Draft([1, 2], tree=((2, 5),)), "deeper than the chain"),
     ],
 )
-def test_a_bad_sibling_branch_is_a_bad_draft(draft: Draft, problem: str) -> None:
+def test_a_bad_draft_tree_is_a_bad_draft(draft: Draft, problem: str) -> None:
     from draftgate.drafters.base import draft_problem
 
     assert problem in (draft_problem(draft, 3, V) or "")
-    assert draft_problem(Draft([1, 2], alt=(3, 4)), 3, V) is None
+    assert draft_problem(Draft([1, 2], tree=((0, 3), (3, 4))), 3, V) is None

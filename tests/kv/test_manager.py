@@ -98,23 +98,6 @@ def test_fork_then_copy_on_write_on_both_sides() -> None:
     kv.check_no_leaks()
 
 
-def test_adopt_takes_over_the_forks_blocks_and_frees_its_own() -> None:
-    kv = KVManager(num_blocks=8, block_size=BS, enable_prefix_cache=False)
-    kv.add_sequence(1, [1])
-    kv.append_slots(1, 5)  # one full block, one partial (BS = 4)
-    kv.fork(1, 2)
-    kv.append_slots(1, 2)  # the parent's branch: it copies the shared partial block
-    kv.append_slots(2, 3)  # the fork's branch, in place
-    table, slots = kv.block_table(2), kv.slot_mapping(2)
-    kv.adopt(1, 2)
-    assert not kv.has(2) and kv.block_table(1) == table and kv.slot_mapping(1) == slots and kv.length(1) == 8
-    assert kv.stats()["used_blocks"] == 2  # the parent's copied block went back
-    with pytest.raises(KeyError):
-        kv.adopt(1, 2)  # no such fork
-    kv.free(1)
-    kv.check_no_leaks()
-
-
 def test_prefix_cache_hit_shares_blocks() -> None:
     kv = KVManager(num_blocks=8, block_size=BS)
     prompt = list(range(10))

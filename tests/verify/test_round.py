@@ -62,6 +62,42 @@ def test_deterministic_drafts_accept_the_matching_prefix(
     assert out.accepted == [accepted] and out.emitted == [choice[: accepted + 1]]
 
 
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_tree_round_is_the_chain_round_along_its_accepted_path(params: tuple[float, int, float]) -> None:
+    """A tree draft emits what a chain draft of its accepted path emits against the same rows (the
+    path's rows, each with its depth's uniform), and the path is the one the target's choices pick."""
+    g = torch.Generator().manual_seed(5)
+    hits = 0
+    for trial in range(200):
+        k = 4
+        logits = torch.randn(2 * k + 1, V, generator=g) * 3  # [rows, V]: pending, chain, tree
+        u = torch.rand(k + 1, 2, generator=g, dtype=torch.float64)  # [k+1, 2] per depth
+        t, top_k, top_p = params
+        # Draft the target's own choice at some nodes so that paths run deep (choices by row and depth).
+        chain, tree, depth = [], [], [0]
+        pick = lambda row, d, lg=logits, u=u: int(_choice(lg[row : row + 1], params, u[d : d + 1])[0])  # noqa: E731
+        for i in range(k):
+            chain.append(pick(i, i) if trial % 3 else (pick(i, i) + 1) % V)
+            depth.append(i + 1)
+        for parent in torch.randint(0, k + 1, (k,), generator=g).tolist():
+            parent = min(parent, k - 1)  # no deeper than the chain (the uniforms cover k + 1 positions)
+            have = {tok for (p, tok) in tree if p == parent} | ({chain[parent]} if parent < k else set())
+            tok = pick(parent, depth[parent])
+            tok = tok if tok not in have else next(x for x in range(V) if x not in have)
+            tree.append((parent, tok))
+            depth.append(depth[parent] + 1)
+        d = RoundDraft(chain, t, top_k, top_p, None if t == 0 else u, None, tuple(tree))
+        out = verify_round(logits, [d])
+        path = out.paths[0]
+        rows = [0, *path]
+        assert [depth[r] for r in rows] == list(range(len(rows)))  # a path: one node a depth
+        tokens = [chain[n - 1] if n <= k else tree[n - k - 1][1] for n in path]
+        alone = verify_round(logits[rows], [RoundDraft(tokens, t, top_k, top_p, None if t == 0 else u[: len(rows)])])
+        assert out.emitted[0] == alone.emitted[0] and out.accepted[0] == len(path) == alone.accepted[0]
+        hits += any(n > k for n in path)
+    assert hits > 20  # tree nodes were taken often, not only the chain
+
+
 def test_a_batched_round_equals_each_sequence_verified_alone() -> None:
     """k = 0, 2, 5, 3, 1 with greedy, sampled, dense-q and sparse-q rows, all in one call."""
     g = torch.Generator().manual_seed(11)

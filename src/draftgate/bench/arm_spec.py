@@ -7,7 +7,7 @@ Arm names on the command line:
   (e.g. ``ngram:k=4``; without it K is adaptive); ``model`` and ``auto`` also take
   ``:draft=DIR`` (a draft model for this arm only, e.g. two distilled drafts side by side),
   ``eagle`` and ``auto`` take ``:head=DIR`` (a draft head for this arm; auto has none without it)
-  and ``:branch=P`` (``--draft-branch`` for this arm; 0: no sibling branch);
+  and ``:branch=P`` (``--draft-branch`` for this arm; 0: no draft tree);
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
@@ -101,7 +101,7 @@ def _parse_opts(name: str, opts: str) -> tuple[int | None, str | None, str | Non
             except ValueError:
                 branch = -1.0
             if not 0.0 <= branch <= 1.0:
-                raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no sibling branch)")
+                raise ArmError(f"arm {name!r}: branch= needs a probability in [0, 1] (0: no draft tree)")
         elif opt.startswith("draft="):
             draft = opt[len("draft=") :] or None
             if draft is None:

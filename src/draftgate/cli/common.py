@@ -62,9 +62,9 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         type=float,
         default=EngineConfig.draft_branch,
         metavar="P",
-        help="a draft head also sends its second choice for the first draft token where it gives that "
-        "choice at least P; the target verifies both branches in one forward and keeps the one it follows "
-        "(0: never; default: %(default)s)",
+        help="a draft head also sends its second choice beside each draft token, as a draft tree, where the "
+        "path to it is at least P likely; the target verifies the tree in one forward and keeps the path it "
+        "follows (0: never; default: %(default)s)",
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

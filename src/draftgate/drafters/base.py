@@ -53,12 +53,13 @@ class DraftRequest:
 class Draft:
     token_ids: list[int]  # len <= k; empty when the drafter has nothing to propose
     q: torch.Tensor | SparseQ | None = None  # None: one-hot (deterministic draft); dense: [len, V]
-    # A sibling branch for one-hot drafts: other tokens for the same positions, alt[0] != token_ids[0]
-    # (a draft head's second choice). A target that can verifies it in the same forward, on a fork
-    # of the sequence's KV, and keeps whichever branch the target's own choices follow further;
-    # one that cannot ignores it. Both branches are matched against the target's choices, so the
-    # output is the same either way.
-    alt: tuple[int, ...] = ()
+    # A draft tree, for one-hot drafts: more nodes as (parent, token), node 0 the pending token,
+    # 1..len(token_ids) the chain, then these in order (a parent comes before its children; siblings
+    # carry different tokens; at most len(token_ids) of them, none deeper than the chain). A draft
+    # head's runner-ups, say. A target that can verifies the tree in the same forward (a tree
+    # attention mask) and keeps the path its own choices follow; one that cannot verifies the chain.
+    # Every path is matched against the target's choices, so the output is the same either way.
+    tree: tuple[tuple[int, int], ...] = ()
 
 
 @runtime_checkable
@@ -118,11 +119,22 @@ def draft_problem(d: Draft, k: int, V: int) -> str | None:
         return f"{n} draft tokens for k = {k}"
     if any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
         return f"draft token ids must be in [0, {V})"
-    if d.alt:
-        if d.q is not None or len(d.alt) > n or d.alt[0] == d.token_ids[0]:
-            return "a sibling branch needs a one-hot draft at least as long, with a different first token"
-        if any(not isinstance(t, int) or not 0 <= t < V for t in d.alt):
-            return f"sibling branch token ids must be in [0, {V})"
+    if d.tree:
+        if d.q is not None or len(d.tree) > n:
+            return "a draft tree needs a one-hot draft with at least as many chain tokens as tree nodes"
+        seen = {(i, t) for i, t in enumerate(d.token_ids)}  # (parent, token) of every node so far
+        depth = list(range(n + 1))
+        for node, (parent, t) in enumerate(d.tree, start=n + 1):
+            if not isinstance(parent, int) or not 0 <= parent < node:
+                return f"tree node {node}'s parent must be an earlier node, got {parent!r}"
+            depth.append(depth[parent] + 1)
+            if depth[-1] > n:
+                return f"tree node {node} lies deeper than the chain's {n} tokens"
+            if not isinstance(t, int) or not 0 <= t < V:
+                return f"tree token ids must be in [0, {V})"
+            if (parent, t) in seen:
+                return f"tree node {node} repeats a sibling's token {t}"
+            seen.add((parent, t))
     if d.q is None:
         return None
     if isinstance(d.q, SparseQ):

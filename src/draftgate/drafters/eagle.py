@@ -18,14 +18,14 @@ to pass): on the open-chat eval prompts 2 of every 3 chain steps computed a toke
 cut; with the rule a round's draft cost 2.8 instead of 3.8 ms (medians of 3 alternated runs,
 about 3% of a round) for 0.01 fewer tokens a round.
 
-BRANCH: where the head gives its runner-up for the first token at least ``min_branch`` (0.15 by
-default), the draft carries it as a sibling branch (``Draft.alt``, EAGLE-2's tree at its first
-level only). The local target verifies it in the same forward on a copy-on-write fork of the
-sequence's KV (two more rows: the pending token again and the sibling) and keeps the branch the
-target's choices follow further. On the open-chat eval prompts the head's first draft is wrong
-in about half the rounds and its runner-up is then often the target's choice (docs/BENCHMARKS.md,
-issue 13, "seventh session"). Deeper levels would need a tree attention mask in the native
-kernels to pay for their rows; one level needs none.
+TREE: beside each chain token the draft carries the head's runner-up for that position as a leaf
+(``Draft.tree``) where the path to it is likely enough: the chain's confidence before it times the
+head's probability of the runner-up at least ``min_branch`` (0.15 by default; EAGLE-2 ranks a
+tree's nodes by the same product). The local target verifies the tree in the same forward under a
+tree attention mask, one row a leaf, and keeps the path the target's choices follow. On the
+open-chat eval prompts the head's first draft is wrong in about half the rounds and its runner-up
+is then often the target's choice (docs/BENCHMARKS.md, issue 13, "seventh session"). A leaf costs
+no head step: the head computed its q for the chain token anyway.
 
 Every draft is one-hot, verified by matching the target's own choice, so the output is plain
 decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
@@ -82,9 +82,9 @@ class EagleDrafter:
         ``min_continue`` (default ``2 * min_confidence``, at most 1): a chain runs the head step for its next
         token only while that product is at least this, i.e. only while the next token could
         pass ``min_confidence`` with a probability of at most ``min_confidence / min_continue``
-        (see STOPPING). ``min_branch``: the head's second choice for the first token goes with the
-        draft as a sibling branch (``Draft.alt``) where the head gives it at least this (None: never;
-        see BRANCH)."""
+        (see STOPPING). ``min_branch``: the head's second choice for a chain token goes with the
+        draft as a leaf of its tree (``Draft.tree``) where the chain's confidence before it times the
+        head's probability of it is at least this (None: never; see TREE)."""
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         cont = min(1.0, 2 * min_confidence) if min_continue is None else min_continue
@@ -146,7 +146,7 @@ class EagleDrafter:
         ids: list[list[int]] = [[] for _ in live]
         cur = [(s.last_h, s.last_logits) for _, _, s in live]
         conf = [1.0] * len(live)  # product of the head's probabilities of each chain's drafts
-        alt: list[tuple[int, ...]] = [() for _ in live]  # the sibling branch of each chain
+        tree: list[list[tuple[int, int]]] = [[] for _ in live]  # each chain's runner-up leaves (see TREE)
         try:
             for step in range(max((r.k for _, r, _ in live), default=0)):
                 more = []  # live indices that draft token step + 1
@@ -154,11 +154,12 @@ class EagleDrafter:
                     if step < r.k and conf[j] >= self.min_confidence:  # below it, the chain has ended
                         q, at = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
                         tok, p = int(self.head.vocab_ids[at]), float(q[at])
+                        before = conf[j]
                         conf[j] *= p
-                        if step == 0 and conf[j] >= self.min_confidence and self.min_branch is not None:
-                            alt[j] = self._sibling(q, at)
                         if conf[j] < self.min_confidence:
                             continue  # too unlikely to be accepted: the chain ends before it
+                        if self.min_branch is not None and (leaf := self._runner_up(q, at, before)) is not None:
+                            tree[j].append((step, leaf))  # a sibling of chain node step + 1
                         ids[j].append(tok)
                         if step + 1 < r.k and conf[j] >= self.min_continue:
                             more.append(j)
@@ -174,8 +175,8 @@ class EagleDrafter:
         finally:
             for (_, _, s), n in zip(live, true_n, strict=True):
                 head.truncate(s.cache, n)  # type: ignore[arg-type]  # draft entries never stay
-        for (i, _, _), d, a in zip(live, ids, alt, strict=True):
-            drafts[i] = Draft(d, alt=a)
+        for (i, _, _), d, t in zip(live, ids, tree, strict=True):
+            drafts[i] = Draft(d, tree=tuple(t))
         return drafts
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
@@ -214,11 +215,13 @@ class EagleDrafter:
         c = s.cache
         return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
 
-    def _sibling(self, q: torch.Tensor, at: int) -> tuple[int, ...]:
-        """The sibling branch for a first draft at subset index ``at`` of q [Vs]: the head's runner-up, if likely enough."""
+    def _runner_up(self, q: torch.Tensor, at: int, conf: float) -> int | None:
+        """The head's runner-up token beside a draft at subset index ``at`` of q [Vs], on a path of
+        confidence ``conf``, if the path to it is likely enough (``min_branch``)."""
+        assert self.min_branch is not None
         top2 = torch.topk(q, 2)
         j = int(top2.indices[1]) if int(top2.indices[0]) == at else int(top2.indices[0])
-        return (int(self.head.vocab_ids[j]),) if float(q[j]) >= self.min_branch else ()
+        return int(self.head.vocab_ids[j]) if conf * float(q[j]) >= self.min_branch else None
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
         """Draft token i from the head's logits [Vs]: the head's q [Vs] and the drafted subset index.

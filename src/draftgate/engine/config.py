@@ -34,8 +34,8 @@ class EngineConfig:
     k_max: int = 8  # most draft tokens per round
     draft_model: str | None = None  # for drafter=model (same tokenizer as the target)
     draft_head: str | None = None  # a head folder; None: the one shipped for the model (eagle, auto); "none": auto without
-    # A draft head's runner-up for the first draft goes along as a sibling branch where the head gives it at
-    # least this probability (verified on a KV fork in the same forward); 0: never
+    # A draft head's runner-up beside each chain token goes along as a leaf of a draft tree where the path to it
+    # is at least this likely (verified in the same forward under a tree attention mask); 0: never
     draft_branch: float = 0.15
     device: str = "cpu"
     dtype: str = "float32"
@@ -62,7 +62,7 @@ class EngineConfig:
         if self.drafter == DrafterKind.MODEL and not self.draft_model:
             raise ValueError("drafter 'model' needs --draft-model PATH (a Llama-family model with the same tokenizer)")
         if not 0.0 <= self.draft_branch <= 1.0:
-            raise ValueError(f"draft_branch must be in [0, 1] (0: no sibling branch), got {self.draft_branch}")
+            raise ValueError(f"draft_branch must be in [0, 1] (0: no draft tree), got {self.draft_branch}")
         if not isinstance(self.kernels, Kernels):
             raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
         if self.dtype not in DTYPES:

@@ -59,7 +59,7 @@ STALE_SHIFT: Final = 0.2
 # (a loaded CI run: the head drafted 2 tokens in 93 rounds). An expensive drafter pays for such
 # probes only until its window holds this many timings.
 FEW_CATCH_UPS: Final = 3
-# Drafted rounds over which a drafter's mean extra (sibling branch) rows are taken.
+# Drafted rounds over which a drafter's mean extra (draft tree) rows are taken.
 BRANCH_WINDOW: Final = 64
 
 
@@ -238,7 +238,7 @@ class CostModel:
         raise AssertionError("unreachable: the weights sum to more than half")
 
     def observe_branch(self, drafter: str, extra_rows: int) -> None:
-        """One drafted round of drafter put extra_rows rows in the forward beyond its K + 1 (a sibling branch)."""
+        """One drafted round of drafter put extra_rows rows in the forward beyond its K + 1 (draft tree nodes)."""
         if extra_rows < 0:
             raise ValueError(f"extra_rows must be >= 0, got {extra_rows!r}")
         obs = self._branch.get(drafter)
@@ -254,8 +254,8 @@ class CostModel:
     def round_forward_time(self, drafter: str, n: int) -> float:
         """Expected seconds of the forward of a round whose sequences put n rows in it, one of them
         drafting with drafter: ``forward_time(n)`` (unmeasured sizes optimistic) plus the drafter's
-        mean extra rows at the measured slope from n to n + 2 (a sibling branch's two rows). Rounds
-        with a branch are timed at their true size and their accepted tokens count in the source's
+        mean extra rows at the measured slope from n to n + 2 (a draft tree's nodes). Rounds
+        with a tree are timed at their true size and their accepted tokens count in the source's
         acceptance, so pricing K by its K + 1 rows alone understated what a round costs where rows
         are dear (an AVX-512 Xeon: 4 rows 1.28x of one). A one-process A/B found no speed change
         beyond noise (docs/BENCHMARKS.md, issue 13, eighth session)."""
@@ -591,7 +591,7 @@ class GoodputController:
 
     def _step_times(self, cost: CostModel, other_tokens: int) -> list[float]:
         """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic; the
-        drafter's sibling-branch rows as often as they come)."""
+        drafter's draft tree rows as often as they come)."""
         plain = other_tokens + 1
         return [
             cost.draft_time(self.drafter, k) + cost.round_forward_time(self.drafter, plain + k)

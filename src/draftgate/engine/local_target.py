@@ -1,15 +1,14 @@
 """LocalTarget: the round target on our own runner, in this process (the engine's default).
 
 A round is one ragged forward over [pending token, drafts...] of every sequence, one
-``verify_round`` call for all of them, and each sequence's KV truncated to its accepted prefix
-(the rollback). A one-hot draft's sibling branch (``Draft.alt``) runs in the same forward on a
-copy-on-write fork of its sequence's KV; the branch the target's choices follow further is kept,
-its KV taken over by the sequence, the other freed (``_fork_branches``, ``_round``).
+``verify_round`` call for all of them, and each sequence's KV cut back to its accepted prefix
+(the rollback). A one-hot draft's tree nodes (``Draft.tree``) run in the same forward, in the
+same sequence, under a tree attention mask (``ForwardItem.parents``); the path the target's
+choices follow is kept and its KV moved into place (``ModelRunner.keep_path``).
 
 Admission reserves each sequence's worst-case KV blocks (prompt + max tokens + one round of
-drafts) so a running sequence can never run out of blocks mid-request. A fork borrows free
-blocks for its round only (a kept branch leaves its sequence as many blocks as its own rows
-would have), or is skipped.
+drafts) so a running sequence can never run out of blocks mid-request. Tree nodes borrow free
+blocks for their round only, or are skipped (``_trees``).
 """
 
 from __future__ import annotations
@@ -102,79 +101,62 @@ class LocalTarget:
         return RoundDone([first], 0)
 
     def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        # A draft with a sibling branch (Draft.alt) has it verified on a KV fork in the same forward.
-        forks = self._fork_branches(work)  # [(work index, fork's seq id)]
-        units = [(w.seq_id, w, False) for w in work] + [(f, work[i], True) for i, f in forks]  # (seq id, work, branch?)
-        try:
-            return self._round(work, forks, units)
-        finally:
-            for _, f in forks:
-                self.runner.free(f)  # no-op for a fork whose branch won (its KV went to the sequence)
-
-    def _round(
-        self, work: Sequence[RoundWork], forks: list[tuple[int, int]], units: list[tuple[int, RoundWork, bool]]
-    ) -> list[RoundDone]:
-        # 2. One batched forward over [pending, drafts...] per sequence (and per sibling branch).
-        toks = [list(w.draft.alt if branch else w.draft.token_ids) for _, w, branch in units]
-        items = [ForwardItem(sid, [w.history[-1], *t], len(t) + 1) for (sid, w, _), t in zip(units, toks, strict=True)]
-        # logits [sum(k_i + 1), V], argmax (-1: not finite), and the tap's features when one reads them
+        # 1. Each one-hot draft tree (Draft.tree) runs in the same forward, where spare KV blocks allow.
+        trees = self._trees(work)
+        # 2. One batched forward over [pending, drafts..., tree nodes...] per sequence.
+        items = [
+            ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids, *(t for _, t in tree)],
+                        len(w.draft.token_ids) + 1 + len(tree),
+                        parents=[-1, *range(len(w.draft.token_ids)), *(p for p, _ in tree)] if tree else None)
+            for w, tree in zip(work, trees, strict=True)
+        ]  # fmt: skip
+        # logits [sum of rows, V], argmax (-1: not finite), and the tap's features when one reads them
         out = self.runner.forward_flat(items) if self.tap is None else self.runner.forward_flat(items, self.tap.feature_layers)
         # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
         bounds, start = [], 0
         for it in items:
             bounds.append((start, start + it.num_logits))
             start += it.num_logits
-        ok = [u for u, (a, b) in enumerate(bounds) if not bool((out.argmax[a:b] < 0).any())]
-        verified: dict[int, tuple[list[int], int]] = {}  # unit -> (emitted, accepted)
+        ok = [i for i, (a, b) in enumerate(bounds) if not bool((out.argmax[a:b] < 0).any())]
+        verified: dict[int, tuple[list[int], list[int]]] = {}  # work index -> (emitted, accepted path)
         if ok:
-            rows = torch.cat([torch.arange(*bounds[u]) for u in ok])  # the good units' rows
-            logits, argmax = (out.logits, out.argmax) if len(ok) == len(units) else (out.logits[rows], out.argmax[rows])
+            rows = torch.cat([torch.arange(*bounds[i]) for i in ok])  # the good sequences' rows
+            logits, argmax = (out.logits, out.argmax) if len(ok) == len(work) else (out.logits[rows], out.argmax[rows])
             # 3. Verify the whole round in one call.
-            outcome = verify_round(logits, [_round_draft(units[u][1], units[u][2]) for u in ok], argmax)
-            verified = dict(zip(ok, zip(outcome.emitted, outcome.accepted, strict=True), strict=True))
-        branch_of = {i: (len(work) + j, f) for j, (i, f) in enumerate(forks)}  # work index -> (unit, fork id)
+            outcome = verify_round(logits, [_round_draft(work[i], trees[i]) for i in ok], argmax)
+            verified = dict(zip(ok, zip(outcome.emitted, outcome.paths, strict=True), strict=True))
         done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
         for i, w in enumerate(work):
             if i not in verified:
                 self.runner.truncate(w.seq_id, len(w.history) - 1)  # its round's KV is garbage
                 continue
-            (e, a), u = verified[i], i
-            extra = len(items[branch_of[i][0]].tokens) if i in branch_of else 0  # the fork's rows
-            if i in branch_of:
-                bu, f = branch_of[i]
-                alt = verified.get(bu)
-                # The branch the target's choices follow further wins (its first choice is the same row's).
-                if alt is not None and alt[1] > a and alt[0][0] == e[0]:
-                    self.runner.adopt(w.seq_id, f)
-                    (e, a), u = alt, bu
-            # 4. Roll back to the accepted prefix: KV keeps the pending token + accepted drafts.
-            self.runner.truncate(w.seq_id, len(w.history) + a)
-            done[i] = RoundDone(e, a, branch_rows=extra)
+            e, path = verified[i]
+            # 4. Roll back to the accepted path: KV keeps the pending token + accepted drafts, in place.
+            self.runner.keep_path(w.seq_id, len(w.history) - 1, [0, *path])
+            done[i] = RoundDone(e, len(path), branch_rows=len(trees[i]))
             if out.features is not None:  # committed: the pending token and the accepted drafts
-                b0 = bounds[u][0]
-                self._feed(w.seq_id, len(w.history) - 1, out.features[b0 : b0 + a + 1])
+                b0 = bounds[i][0]
+                self._feed(w.seq_id, len(w.history) - 1, out.features[[b0 + r for r in (0, *path)]])
         return done
 
-    def _fork_branches(self, work: Sequence[RoundWork]) -> list[tuple[int, int]]:
-        """Fork the KV of each one-hot draft with a sibling branch, where the cache has the blocks to spare.
+    def _trees(self, work: Sequence[RoundWork]) -> list[tuple[tuple[int, int], ...]]:
+        """Each sequence's draft tree nodes this round: its draft's, where the cache has the blocks to spare.
 
-        A fork shares every block; the round then needs at most one copied partial block and the
-        branch's own growth, beyond what the sequences' own rows take. Without the blocks the
-        branch is skipped: the round is what it would be without it.
+        A tree's nodes take KV slots for the round only (``keep_path`` keeps one path); without the
+        blocks a tree is skipped and the round verifies its chain, as a target without trees would.
         """
         kv = self.runner.kv
-        spare = kv.num_available_blocks - sum(kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1) for w in work)
-        forks: list[tuple[int, int]] = []
-        for i, w in enumerate(work):
-            d, f = w.draft, -1 - w.seq_id  # fork ids: negative, never an engine sequence's
-            if not d.alt or d.q is not None or kv.has(f):
-                continue
-            need = 2 + kv.blocks_needed(w.seq_id, len(d.alt) + 1)
-            if need <= spare:
-                self.runner.fork(w.seq_id, f)
-                spare -= need
-                forks.append((i, f))
-        return forks
+        need = [kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1) for w in work]
+        spare = kv.num_available_blocks - sum(need)
+        trees: list[tuple[tuple[int, int], ...]] = []
+        for w, n in zip(work, need, strict=True):
+            tree = w.draft.tree if w.draft.q is None else ()
+            more = kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1 + len(tree)) - n if tree else 0
+            if more > spare:
+                tree = ()
+            spare -= more if tree else 0
+            trees.append(tree)
+        return trees
 
     def _feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
         assert self.tap is not None
@@ -198,11 +180,8 @@ class LocalTarget:
         pass  # the runner's memory goes with it
 
 
-def _round_draft(w: RoundWork, branch: bool = False) -> RoundDraft:
-    """What verify_round needs of ``w``'s draft, or of its sibling branch (one-hot, the same positions)."""
+def _round_draft(w: RoundWork, tree: tuple[tuple[int, int], ...]) -> RoundDraft:
+    """What verify_round needs of ``w``'s draft, with the tree nodes this round runs."""
     d, p = w.draft, w.params
-    if branch:
-        u = None if w.uniforms is None else w.uniforms[: len(d.alt) + 1]  # [k'+1, 2]
-        return RoundDraft(d.alt, p.temperature, p.top_k, p.top_p, u, None)
     q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
-    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, w.uniforms, q)
+    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, w.uniforms, q, tree)

@@ -43,7 +43,7 @@ class StepResult:
     errors: list[str | None]  # per sequence, the target's error (that request ends), else None
     approximate: list[bool]  # per sequence, verified by an approximation the route allowed
     sampled: list[bool]  # per sequence, its drafts came with a sampled q (rejection sampling, not matching)
-    branch_rows: list[int]  # per sequence, forward rows the target ran for its sibling branch (Draft.alt), else 0
+    branch_rows: list[int]  # per sequence, forward rows the target ran for its draft tree's nodes (Draft.tree), else 0
 
 
 def speculative_step(
@@ -73,7 +73,7 @@ def speculative_step(
     emitted = [s.append(r.emitted) if r.error is None else [] for s, r in zip(seqs, done, strict=True)]
     drafted = [len(d.token_ids) for d in drafts]
     branch = [r.branch_rows for r in done]  # a branch the target skipped (no spare KV blocks) ran no rows
-    n_tok = sum(k + 1 for k in drafted) + sum(branch)  # sibling branches' rows too
+    n_tok = sum(k + 1 for k in drafted) + sum(branch)  # draft trees' rows too
     return StepResult(
         emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
         [r.error for r in done], [r.approximate for r in done],

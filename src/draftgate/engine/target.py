@@ -65,7 +65,7 @@ class RoundDone:
     accepted: int  # drafts accepted
     error: str | None = None  # this sequence's target failed; the request ends with this error
     approximate: bool = False  # verified by an approximation (a route that allowed it)
-    branch_rows: int = 0  # forward rows the target ran for the draft's sibling branch (0: none, or skipped)
+    branch_rows: int = 0  # forward rows the target ran for the draft's tree nodes (0: none, or skipped)
 
 
 @runtime_checkable

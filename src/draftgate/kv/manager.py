@@ -95,13 +95,6 @@ class KVManager:
             list(parent.blocks), parent.length, list(parent.hashes), list(parent.slots)
         )
 
-    def adopt(self, seq_id: int, child_id: int) -> None:
-        """``seq_id`` takes over ``child_id``'s blocks (a fork whose branch won); its own are released."""
-        child = self._get(child_id)
-        self.free(seq_id)
-        self._seqs[seq_id] = child
-        del self._seqs[child_id]
-
     def free(self, seq_id: int) -> None:
         """Release all blocks of a sequence. Unknown ids raise KeyError: a double free is a bug."""
         seq = self._get(seq_id)

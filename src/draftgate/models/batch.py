@@ -4,6 +4,13 @@ B sequences, sequence b appends ``new_lens[b]`` tokens (N = sum of them, flatten
 and wants logits for its last ``logits_per_seq[b]`` positions (R = sum of those). Token position
 t of sequence b lives in KV slot ``block_tables[b][t // block_size] * block_size + t % block_size``;
 ``ctx_lens[b]`` is its length once the new tokens are written.
+
+A sequence's new rows may form a draft tree (``parents``): row i follows row ``parents[b][i]``
+(-1: the committed context, the first row only) instead of row i - 1. Its KV still goes to slot
+index ``ctx_lens[b] - new_lens[b] + i``, but its position (RoPE, and the keys it attends) is the
+context's length plus its depth, and it attends the context and its own ancestors only: a tree
+node computes what plain decoding computes at its position along its path. The runner moves the
+accepted path's KV into place afterwards (``ModelRunner.keep_path``).
 """
 
 from __future__ import annotations
@@ -37,14 +44,38 @@ class RaggedBatch:
     # ``features_per_seq[b]`` rows of each sequence (None: its logit rows; RF = their sum).
     feature_layers: tuple[int, ...] = ()
     features_per_seq: list[int] | None = None  # [B] each in 1..new_lens[b]
+    parents: list[list[int]] | None = None  # [B][new_lens[b]] a draft tree's parent rows (None: chains)
+
+    def depths(self, b: int) -> list[int]:
+        """[new_lens[b]] each new row's depth below the context (a chain: 0, 1, 2, ...)."""
+        if self.parents is None:
+            return list(range(self.new_lens[b]))
+        out: list[int] = []
+        for par in self.parents[b]:
+            out.append(0 if par < 0 else out[par] + 1)
+        return out
 
     @property
     def num_rows(self) -> int:
         return len(self.tokens)
 
     def positions(self) -> list[int]:
-        """[N] absolute position of each new token."""
-        return [p for S, n in zip(self.ctx_lens, self.new_lens, strict=True) for p in range(S - n, S)]
+        """[N] absolute position of each new token (in a tree: the context's length plus its depth)."""
+        return [S - n + d for b, (S, n) in enumerate(zip(self.ctx_lens, self.new_lens, strict=True)) for d in self.depths(b)]
+
+    def slot_indices(self) -> list[int]:
+        """[N] where in its sequence's slots each new token's KV goes (its position, for a chain)."""
+        return [t for S, n in zip(self.ctx_lens, self.new_lens, strict=True) for t in range(S - n, S)]
+
+    def flat_parents(self) -> list[int]:
+        """[N] the row (of the flat batch) each new row follows, -1 for a sequence's first."""
+        out: list[int] = []
+        start = 0
+        for b, n in enumerate(self.new_lens):
+            par = self.parents[b] if self.parents is not None else list(range(-1, n - 1))
+            out.extend(-1 if p < 0 else start + p for p in par)
+            start += n
+        return out
 
     def row_seq(self) -> list[int]:
         """[N] the sequence index of each row."""

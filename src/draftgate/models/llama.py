@@ -59,10 +59,10 @@ class AttentionLayout:
         row = 0
         for n, slots, r in zip(new_lens, ctx_slots, logits_per_seq, strict=True):
             S = len(slots)
-            positions.extend(range(S - n, S))
             write.extend(slots[S - n :])
             logit_rows.extend(range(row + n - r, row + n))
             row += n
+        positions = batch.positions()  # a tree row's: the context's length plus its depth
         T_max, S_max = max(new_lens), max(ctx_lens)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         kv_gather = as_t([s + [0] * (S_max - len(s)) for s in ctx_slots])  # [B, S_max]
@@ -77,6 +77,9 @@ class AttentionLayout:
             q_pos = torch.arange(T_max, device=device)[None, :] + (as_t(ctx_lens) - as_t(new_lens))[:, None]
             k_pos = torch.arange(S_max, device=device)[None, None, :]  # [1, 1, S_max]
             mask = (k_pos <= q_pos[:, :, None]) & (k_pos < as_t(ctx_lens)[:, None, None])
+            if batch.parents is not None:  # a tree row attends the context and its own ancestors only
+                for b, (n, S) in enumerate(zip(new_lens, ctx_lens, strict=True)):
+                    mask[b, :n, S - n : S] = _ancestry(batch.parents[b], device)
             mask = mask[:, None]  # [B, 1, T_max, S_max]
         span = None
         if B == 1 and ctx_slots[0] == list(range(ctx_slots[0][0], ctx_slots[0][0] + S_max)):
@@ -100,6 +103,11 @@ class KVCache:
         s, d = src * block_size, dst * block_size
         self.k[:, d : d + block_size] = self.k[:, s : s + block_size]
         self.v[:, d : d + block_size] = self.v[:, s : s + block_size]
+
+    def move_slots(self, src: list[int], dst: list[int], block_size: int) -> None:
+        """Copy the KV of flat slots ``src`` to ``dst`` (every layer; all read before any is written)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
 
 
 class _Weight:
@@ -228,6 +236,16 @@ class LlamaModel:
         out = F.scaled_dot_product_attention(Q, keys, values, attn_mask=layout.mask, enable_gqa=True)  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(-1, H * D)  # [B*T_max, H*D]
         return out if layout.unpad is None else out[layout.unpad]  # [N, H*D]
+
+
+def _ancestry(parents: list[int], device: torch.device) -> torch.Tensor:
+    """[n, n] bool: row i of a draft tree attends row j (j is i or one of its ancestors)."""
+    n = len(parents)
+    m = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            m[i] |= m[p]
+    return m.to(device)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

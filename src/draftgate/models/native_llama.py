@@ -56,6 +56,13 @@ class NativeKVCache:
         s, d = src * block_size, dst * block_size
         self.v[:, d : d + block_size] = self.v[:, s : s + block_size]
 
+    def move_slots(self, src: list[int], dst: list[int], block_size: int) -> None:
+        """Copy the KV of flat slots ``src`` to ``dst`` (every layer; all read before any is written)."""
+        sb, so = [s // block_size for s in src], [s % block_size for s in src]
+        db, do = [d // block_size for d in dst], [d % block_size for d in dst]
+        self.k[:, db, :, :, do] = self.k[:, sb, :, :, so]
+        self.v[:, dst] = self.v[:, src]
+
 
 def _i64(x: list[int]) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.int64)
@@ -147,6 +154,9 @@ class NativeLlama:
         tokens = _i64(batch.tokens)  # [N]
         positions = _i64(batch.positions())  # [N]
         row_seq = torch.tensor(batch.row_seq(), dtype=torch.int32)  # [N]
+        tree = batch.parents is not None
+        slot_index = _i64(batch.slot_indices()) if tree else None  # [N]
+        parent = torch.tensor(batch.flat_parents(), dtype=torch.int32) if tree else None  # [N]
         tables = torch.tensor([b for t in batch.block_tables for b in t], dtype=torch.int32)  # [sum of tables]
         offsets = [0]
         for t in batch.block_tables:
@@ -164,7 +174,8 @@ class NativeLlama:
         _, slots, Hkv, D = kv.v.shape
         rc = self.lib.cdll.dg_forward(
             self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
-            len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
+            slot_index.data_ptr() if slot_index is not None else None,
+            parent.data_ptr() if parent is not None else None, len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
             kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
             argmax.data_ptr(), n_feat, feat_layers.data_ptr() if n_feat else None, RF,
             feat_rows.data_ptr() if feat_rows is not None else None,

@@ -48,13 +48,16 @@ class ForwardItem:
     """One sequence's part of a ragged forward: append ``tokens`` and return logits for the last ``num_logits``.
 
     ``num_features``: when the forward returns features, those of the last ``num_features``
-    rows (None: of the logit rows).
+    rows (None: of the logit rows). ``parents``: the tokens form a draft tree, token i following
+    token ``parents[i]`` (-1 for the first: the sequence so far; otherwise an earlier token); None:
+    a chain. A tree's KV takes its slots in token order; ``keep_path`` keeps one path of it.
     """
 
     seq_id: int
     tokens: Sequence[int]
     num_logits: int = 1
     num_features: int | None = None
+    parents: Sequence[int] | None = None
 
 
 class ModelRunner:
@@ -111,9 +114,21 @@ class ModelRunner:
     def fork(self, parent_id: int, child_id: int) -> None:
         self.kv.fork(parent_id, child_id)
 
-    def adopt(self, seq_id: int, child_id: int) -> None:
-        """``seq_id`` continues on its fork ``child_id``'s KV (``KVManager.adopt``)."""
-        self.kv.adopt(seq_id, child_id)
+    def keep_path(self, seq_id: int, start: int, rows: Sequence[int]) -> None:
+        """Keep one path of a draft tree: the KV of the tree's tokens ``rows`` (offsets from slot index
+        ``start``, ascending) moves to ``start``, ``start + 1``, ...; the sequence ends after them.
+
+        A tree token's KV was computed at its path position, so moved there it is the KV plain
+        decoding writes. A chain's path (rows 0, 1, 2, ...) moves nothing: this is ``truncate``.
+        """
+        assert list(rows) == sorted(set(rows)) and (not rows or rows[0] >= 0), f"bad path {list(rows)}"
+        assert start + (rows[-1] if rows else -1) < self.kv.length(seq_id), "path beyond the sequence"
+        moves = [(start + r, start + i) for i, r in enumerate(rows) if r != i]
+        if moves:
+            table, bs = self.kv.block_table(seq_id), self.block_size
+            flat = lambda t: table[t // bs] * bs + t % bs  # noqa: E731
+            self.cache.move_slots([flat(a) for a, _ in moves], [flat(b) for _, b in moves], bs)
+        self.kv.truncate(seq_id, start + len(rows))
 
     def free(self, seq_id: int) -> None:
         if self.kv.has(seq_id):
@@ -147,6 +162,10 @@ class ModelRunner:
             for it in items:
                 assert 1 <= it.num_logits <= len(it.tokens), f"bad num_logits {it.num_logits}"
                 assert it.num_features is None or 1 <= it.num_features <= len(it.tokens), "bad num_features"
+                if it.parents is not None:
+                    par = list(it.parents)
+                    assert len(par) == len(it.tokens) and par[0] == -1, f"bad tree {par}"
+                    assert all(0 <= p < i for i, p in enumerate(par) if i), f"bad tree {par}"
                 _, copies = self.kv.append_slots(it.seq_id, len(it.tokens))
                 reserved.append((it.seq_id, len(it.tokens)))
                 for c in copies:
@@ -162,6 +181,11 @@ class ModelRunner:
                 features_per_seq=(
                     [it.num_logits if it.num_features is None else it.num_features for it in items]
                     if any(it.num_features is not None for it in items)
+                    else None
+                ),
+                parents=(
+                    [list(range(-1, len(it.tokens) - 1)) if it.parents is None else list(it.parents) for it in items]
+                    if any(it.parents is not None for it in items)
                     else None
                 ),
             )

@@ -14,6 +14,11 @@ verified by one of two exact rules, chosen by what its drafter sent:
 
 The token after the accepted prefix is the target's choice there: recovered on a mismatch,
 bonus when every draft matched (for rejection rows, ``verify_sampling`` samples it).
+
+A one-hot draft may be a **tree** (``RoundDraft.tree``: more nodes, each with its parent, on rows
+after the chain's). Matching then walks down from the pending token, at each node taking the
+child whose token is the target's choice at that node's row (its uniform is that of its depth,
+the output position it would fill), so the accepted path is the one plain decoding writes.
 """
 
 from __future__ import annotations
@@ -40,12 +45,27 @@ class RoundDraft:
     top_p: float
     uniforms: Tensor | None  # [k+1, 2] (u_accept, u_sample) per position; None for greedy
     q: Tensor | tuple[Tensor, Tensor] | None = None  # dense [k, V] or sparse ([k, M], [k, M]); None: one-hot
+    # One-hot drafts only: more tree nodes (parent node, token), node 0 the pending token, 1..k the
+    # chain, k+1.. these; their rows follow the chain's. Siblings carry different tokens.
+    tree: Sequence[tuple[int, int]] = ()
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids) + 1 + len(self.tree)
+
+    def depths(self) -> list[int]:
+        """[num_rows] each node's depth (its output position in the round)."""
+        d = list(range(len(self.token_ids) + 1))
+        for parent, _ in self.tree:
+            d.append(d[parent] + 1)
+        return d
 
 
 @dataclass(frozen=True)
 class RoundOutcome:
     emitted: list[list[int]]  # per sequence: accepted drafts + the recovered or bonus token
     accepted: list[int]  # per sequence: drafts accepted
+    paths: list[list[int]]  # per sequence: the accepted drafts' nodes (a chain's: 1..accepted)
 
 
 def target_choice(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, u_sample: Tensor) -> Tensor:
@@ -72,17 +92,18 @@ def _choices(
 
 
 def verify_round(logits: Tensor, drafts: Sequence[RoundDraft], argmax: Tensor | None = None) -> RoundOutcome:
-    """Accepted drafts and the next token of every sequence. logits: [R, V], R = sum(k_b + 1).
+    """Accepted drafts and the next token of every sequence. logits: [R, V], R = sum of num_rows.
 
     ``argmax`` [R], when the caller has it (the runner computes it with the logits), is each row's
     greedy choice; -1 marks a row with a NaN or an infinite logit, which raises ValueError.
     """
     ks = [len(d.token_ids) for d in drafts]
     R, V = logits.shape
-    assert R == sum(k + 1 for k in ks), f"logits have {R} rows for drafts of lengths {ks}"
+    assert R == sum(d.num_rows for d in drafts), f"logits have {R} rows for drafts of lengths {ks}"
+    assert all(not d.tree or d.q is None for d in drafts), "a tree draft is one-hot"
     offsets = [0]
-    for k in ks:
-        offsets.append(offsets[-1] + k + 1)
+    for d in drafts:
+        offsets.append(offsets[-1] + d.num_rows)
 
     # 1. The target's choice at every row: argmax, or a sample with the row's u_sample.
     if all(d.temperature <= 0 for d in drafts):
@@ -92,33 +113,59 @@ def verify_round(logits: Tensor, drafts: Sequence[RoundDraft], argmax: Tensor | 
             raise ValueError("the target returned NaN or infinite logits")
     else:
         def per_row(f, dtype):  # noqa: ANN001, ANN202
-            return torch.tensor([f(d) for d, k in zip(drafts, ks, strict=True) for _ in range(k + 1)], dtype=dtype)
+            return torch.tensor([f(d) for d in drafts for _ in range(d.num_rows)], dtype=dtype)
 
-        u = torch.cat([_uniforms(d, k) for d, k in zip(drafts, ks, strict=True)])  # [R, 2]
+        u = torch.cat([_uniforms(d, k)[d.depths() if d.tree else slice(None)] for d, k in zip(drafts, ks, strict=True)])  # [R, 2]
         c, rows, probs = _choices(
             logits, per_row(lambda d: d.temperature, torch.float32), per_row(lambda d: d.top_k, torch.int64),
             per_row(lambda d: d.top_p, torch.float32), u[:, 1],
         )  # fmt: skip
         choice = c.tolist()
 
-    # 2. Matching: accept while the draft equals the target's choice.
+    # 2. Matching: accept while the draft equals the target's choice (in a tree: a child that does).
     emitted: list[list[int]] = []
     accepted: list[int] = []
+    paths: list[list[int]] = []
     for b, d in enumerate(drafts):
         c = choice[offsets[b] : offsets[b + 1]]
-        a = 0
-        while a < ks[b] and d.token_ids[a] == c[a]:
-            a += 1
-        emitted.append([*d.token_ids[:a], c[a]])
-        accepted.append(a)
+        if d.tree:
+            path = _tree_path(d, c)
+            emitted.append([*(_node_token(d, n) for n in path), c[path[-1] if path else 0]])
+        else:
+            a = 0
+            while a < ks[b] and d.token_ids[a] == c[a]:
+                a += 1
+            path = list(range(1, a + 1))
+            emitted.append([*d.token_ids[:a], c[a]])
+        accepted.append(len(path))
+        paths.append(path)
 
     # 3. Rejection sampling for the sequences that sent the q their sampled drafts came from.
     rejection = [b for b, d in enumerate(drafts) if d.q is not None and d.temperature > 0 and ks[b] > 0]
     if rejection:
         assert rows is not None and probs is not None
         for b, (tokens, a) in zip(rejection, _reject(probs, rows, drafts, rejection, offsets), strict=True):
-            emitted[b], accepted[b] = tokens, a
-    return RoundOutcome(emitted, accepted)
+            emitted[b], accepted[b], paths[b] = tokens, a, list(range(1, a + 1))
+    return RoundOutcome(emitted, accepted, paths)
+
+
+def _node_token(d: RoundDraft, n: int) -> int:
+    k = len(d.token_ids)
+    return d.token_ids[n - 1] if n <= k else d.tree[n - k - 1][1]
+
+
+def _tree_path(d: RoundDraft, choice: Sequence[int]) -> list[int]:
+    """The nodes (row offsets) of a tree draft that the target's choices at their parents' rows pick."""
+    k = len(d.token_ids)
+    children: dict[tuple[int, int], int] = {(n - 1, t): n for n, t in enumerate(d.token_ids, start=1)}
+    for j, (parent, t) in enumerate(d.tree, start=k + 1):
+        children[(parent, t)] = j
+    path: list[int] = []
+    node = 0
+    while (nxt := children.get((node, choice[node]))) is not None:
+        path.append(nxt)
+        node = nxt
+    return path
 
 
 def _uniforms(d: RoundDraft, k: int) -> Tensor:

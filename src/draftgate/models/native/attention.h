@@ -10,6 +10,12 @@
 // output accumulates p_j v_j over j = 0..S-1 in order, then divides by the sum. A query's output is
 // therefore bitwise the same alone, in any group, and whichever thread runs it.
 //
+// Draft trees: a query may read, from position `shared` on, keys that are not its sequence's next
+// slots (its ancestors in a draft tree, stored wherever the tree put them: AttnQuery::slots). Its
+// scores there are computed again from those keys (the same FMA chain over d, into the same
+// positions of its score row) and its value sum reads them through its own slots, so a tree node's
+// output is bitwise the one plain decoding computes at its position along its path.
+//
 // Included by kernels.cpp.
 #pragma once
 
@@ -45,10 +51,12 @@ static inline std::vector<KeyChunk> key_chunks(const int32_t* table, int64_t S, 
 }
 
 struct AttnQuery {
-  const float* q;  // [D] the rotated query
-  int64_t S;       // it reads keys 0..S-1
-  float* scores;   // [S rounded up to VL] scratch
-  float* out;      // [D]
+  const float* q;        // [D] the rotated query
+  int64_t S;             // it reads keys 0..S-1
+  float* scores;         // [S rounded up to VL] scratch
+  float* out;            // [D]
+  const int64_t* slots;  // [S] the cache slot of each key it reads
+  int64_t shared;        // keys 0..shared-1 are its sequence's (the group's key chunks); S for a chain
 };
 
 #if defined(__AVX512F__)
@@ -109,6 +117,25 @@ static ScoreFn pick_score(int nq, std::integer_sequence<int, NQs...>) {
   return table[nq - 1];
 }
 
+// scores[j] for j in [a.shared, a.S): the keys at a.slots[j] (a draft tree's ancestors), VL at a
+// time gathered into a [D][VL] tile so each lane is the same FMA chain over d as a chunk's.
+static void rescore_own(const AttnQuery& a, const float* kbase, int64_t kblock, int D, int64_t bs, V scale) {
+  static thread_local std::vector<float> tile_buf;
+  tile_buf.resize(size_t(D) * VL);
+  float* tile = tile_buf.data();
+  for (int64_t j0 = a.shared; j0 < a.S; j0 += VL) {
+    const int n = int(std::min<int64_t>(VL, a.S - j0));
+    for (int i = 0; i < VL; i++) {
+      const int64_t slot = a.slots[j0 + std::min(i, n - 1)];
+      const float* k = kbase + (slot / bs) * kblock + slot % bs;  // key column in its block's [D][bs] tile
+      for (int d = 0; d < D; d++) tile[d * VL + i] = k[size_t(d) * bs];
+    }
+    V acc = vzero();
+    for (int d = 0; d < D; d++) acc = vfma(vset1(a.q[d]), vload(tile + d * VL), acc);
+    vstore_n(a.scores + j0, vmul(acc, scale), n);
+  }
+}
+
 // scores[0..S) <- exp(scores - max) in place; returns their sum (fixed order: vectors, then the tail).
 static inline float softmax_unnormalized(float* s, int64_t S) {
   int64_t j = 0;
@@ -133,7 +160,7 @@ static inline float softmax_unnormalized(float* s, int64_t S) {
 // out_a += sum_{j in [j0, j1)} p_a[j] v_j for PB queries (out holds the running sums), D = ND * VL.
 template <int ND, int PB>
 static void pv_rows(const AttnQuery* qs, const float* vbase, const int64_t* slots, size_t row, int64_t j0,
-                    int64_t j1) {
+                    int64_t j1) {  // slots: of keys j0..j1-1, read by every query of the tile
   V acc[PB][ND];
   for (int a = 0; a < PB; a++)
     for (int c = 0; c < ND; c++) acc[a][c] = vload(qs[a].out + c * VL);
@@ -151,24 +178,25 @@ static void pv_rows(const AttnQuery* qs, const float* vbase, const int64_t* slot
 constexpr int att_pb(int nd) { return std::max(1, std::min(8, ATT_ACC / nd)); }  // queries per value tile
 
 // The value pass for nq queries of head width ND vectors: tiles of att_pb(ND) queries share the
-// values of the keys they all read, then each query finishes its own remaining keys alone.
+// values of the keys they all read (their sequence's, up to the smallest `shared`), then each query
+// finishes its own remaining keys alone, through its own slots.
 template <int ND>
-static void pv_all(AttnQuery* qs, int nq, const float* vbase, const int64_t* slots, size_t row) {
+static void pv_all(AttnQuery* qs, int nq, const float* vbase, size_t row) {
   constexpr int PB = att_pb(ND);
   int a = 0;
   for (; a + PB <= nq; a += PB) {
-    int64_t smin = qs[a].S;
-    for (int i = 1; i < PB; i++) smin = std::min(smin, qs[a + i].S);
-    pv_rows<ND, PB>(qs + a, vbase, slots, row, 0, smin);
-    for (int i = 0; i < PB; i++) pv_rows<ND, 1>(qs + a + i, vbase, slots, row, smin, qs[a + i].S);
+    int64_t smin = qs[a].shared;
+    for (int i = 1; i < PB; i++) smin = std::min(smin, qs[a + i].shared);
+    pv_rows<ND, PB>(qs + a, vbase, qs[a].slots, row, 0, smin);
+    for (int i = 0; i < PB; i++) pv_rows<ND, 1>(qs + a + i, vbase, qs[a + i].slots, row, smin, qs[a + i].S);
   }
-  for (; a < nq; a++) pv_rows<ND, 1>(qs + a, vbase, slots, row, 0, qs[a].S);
+  for (; a < nq; a++) pv_rows<ND, 1>(qs + a, vbase, qs[a].slots, row, 0, qs[a].S);
 }
 
 // Attention of nq queries of one sequence and kv head g: kbase/vbase point at kv head g of this
-// layer's caches, ch lists the sequence's key chunks (up to the largest S), slots its cache slots.
+// layer's caches, ch lists the sequence's key chunks (up to the largest S).
 static void attend_many(AttnQuery* qs, int nq, const float* kbase, const float* vbase, const KeyChunk* ch,
-                        int64_t nch_all, int Hkv, int D, int64_t bs, const int64_t* slots) {
+                        int64_t nch_all, int Hkv, int D, int64_t bs) {
   const V scale = vset1(1.0f / std::sqrt(float(D)));
   const bool full = bs % VL == 0;
   for (int a = 0; a < nq; a += ATT_QB) {
@@ -181,6 +209,9 @@ static void attend_many(AttnQuery* qs, int nq, const float* kbase, const float* 
                    : pick_score<false>(nb, std::make_integer_sequence<int, ATT_QB>{});
     fn(qs + a, kbase, ch, nch, D, bs, scale);
   }
+  const int64_t kblock = int64_t(Hkv) * D * bs;
+  for (int a = 0; a < nq; a++)
+    if (qs[a].shared < qs[a].S) rescore_own(qs[a], kbase, kblock, D, bs, scale);
   std::vector<float> inv(static_cast<size_t>(nq));
   for (int a = 0; a < nq; a++) {
     inv[a] = 1.0f / softmax_unnormalized(qs[a].scores, qs[a].S);
@@ -188,14 +219,14 @@ static void attend_many(AttnQuery* qs, int nq, const float* kbase, const float* 
   }
   const size_t row = size_t(Hkv) * D;
   switch (D % VL == 0 ? D / VL : 0) {
-    case 2: pv_all<2>(qs, nq, vbase, slots, row); break;
-    case 4: pv_all<4>(qs, nq, vbase, slots, row); break;
-    case 8: pv_all<8>(qs, nq, vbase, slots, row); break;
-    case 16: pv_all<16>(qs, nq, vbase, slots, row); break;
+    case 2: pv_all<2>(qs, nq, vbase, row); break;
+    case 4: pv_all<4>(qs, nq, vbase, row); break;
+    case 8: pv_all<8>(qs, nq, vbase, row); break;
+    case 16: pv_all<16>(qs, nq, vbase, row); break;
     default:  // any other head width: one query and one float at a time, the same order
       for (int a = 0; a < nq; a++)
         for (int64_t j = 0; j < qs[a].S; j++) {
-          const float* v = vbase + size_t(slots[j]) * row;
+          const float* v = vbase + size_t(qs[a].slots[j]) * row;
           for (int c = 0; c < D; c++) qs[a].out[c] = qs[a].out[c] + qs[a].scores[j] * v[c];
         }
   }

@@ -150,7 +150,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dg_model_set_layer": (None, [p, i, p, p, p, p, p, p]),
         "dg_model_set_head": (None, [p, p, p, p, i, i]),
         "dg_model_free": (None, [p]),
-        "dg_forward": (i, [p, i, p, p, p, i, p, p, i, p, p, i64, i, p, p, p, i, p, i, p, p]),
+        "dg_forward": (i, [p, i, p, p, p, p, p, i, p, p, i, p, p, i64, i, p, p, p, i, p, i, p, p]),
         "dg_profile": (i, [i, p]),
         "dg_head_new": (p, [i, i, i, i, i, i, f, *[p] * 15, i64]),
         "dg_head_free": (None, [p]),

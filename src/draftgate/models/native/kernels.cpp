@@ -47,8 +47,12 @@ struct Model {
 struct Batch {  // one ragged forward, as the runner describes it
   int N;
   const int64_t* tokens;     // [N]
-  const int64_t* positions;  // [N] absolute position of each row
+  const int64_t* positions;  // [N] absolute position of each row (RoPE; it attends keys 0..position)
   const int32_t* row_seq;    // [N] sequence index of each row
+  // Draft trees (both null: every row follows the one before it, its KV at its position): where in
+  // its sequence's slots each row's KV goes, and the row it follows (-1: the committed context).
+  const int64_t* slot_index;  // [N] or null
+  const int32_t* parent;      // [N] or null
   const int32_t* tables;     // block tables of the B sequences, concatenated
   const int64_t* table_off;  // [B+1] start of sequence b's table in `tables`
   int block_size;
@@ -114,15 +118,41 @@ static void rmsnorm_row(const float* x, const float* w, int C, float eps, float*
   for (; c < C; c++) out[c] = w[c] * (x[c] * inv);
 }
 
-// Flat KV slot of every position of each sequence, up to the longest context a row reads.
+static inline int64_t slot_index(const Batch& bt, int i) { return bt.slot_index ? bt.slot_index[i] : bt.positions[i]; }
+
+// Flat KV slot of every slot index of each sequence, up to the longest context a row reads or writes.
 static std::vector<std::vector<int64_t>> slot_lists(const Batch& bt, int B) {
   std::vector<int64_t> len(B, 0);
-  for (int i = 0; i < bt.N; i++) len[bt.row_seq[i]] = std::max<int64_t>(len[bt.row_seq[i]], bt.positions[i] + 1);
+  for (int i = 0; i < bt.N; i++)
+    len[bt.row_seq[i]] = std::max<int64_t>(len[bt.row_seq[i]], std::max(bt.positions[i], slot_index(bt, i)) + 1);
   std::vector<std::vector<int64_t>> out(B);
   for (int b = 0; b < B; b++) {
     const int32_t* table = bt.tables + bt.table_off[b];
     out[b].resize(size_t(len[b]));
     for (int64_t j = 0; j < len[b]; j++) out[b][j] = int64_t(table[j / bt.block_size]) * bt.block_size + j % bt.block_size;
+  }
+  return out;
+}
+
+// A draft tree's rows: the slots each row reads (its sequence's up to its path's first relocated
+// ancestor, then its ancestors' own slots) and from which position they differ (S: a chain row).
+struct RowKeys {
+  std::vector<int64_t> own;  // [S] the row's slots where shared < S, else empty (it reads its sequence's)
+  int64_t shared;
+};
+
+static std::vector<RowKeys> tree_keys(const Batch& bt, const std::vector<std::vector<int64_t>>& slots) {
+  std::vector<RowKeys> out(size_t(bt.N));
+  for (int r = 0; r < bt.N; r++) {
+    const int64_t S = bt.positions[r] + 1;
+    out[r].shared = S;
+    if (bt.parent == nullptr) continue;
+    const auto& seq = slots[bt.row_seq[r]];
+    for (int a = r; a >= 0; a = bt.parent[a])
+      if (slot_index(bt, a) != bt.positions[a]) out[r].shared = bt.positions[a];  // the topmost one wins
+    if (out[r].shared == S) continue;
+    out[r].own.assign(seq.begin(), seq.begin() + S);
+    for (int a = r; a >= 0; a = bt.parent[a]) out[r].own[bt.positions[a]] = seq[slot_index(bt, a)];
   }
   return out;
 }
@@ -204,6 +234,7 @@ static void forward(const Model& m, const Batch& bt, int B) {
   std::vector<float> gu(size_t(N) * 2 * F), act(size_t(N) * F), cs(size_t(N) * half), sn(size_t(N) * half);
   std::vector<float> hf(size_t(bt.R) * C);
   const auto slots = slot_lists(bt, B);
+  const auto row_keys = tree_keys(bt, slots);
   Pool& P = pool();
   std::vector<RowMax> part(size_t(P.size()) * bt.R);
   Barrier team(P.size());
@@ -247,14 +278,17 @@ static void forward(const Model& m, const Batch& bt, int B) {
     const RowGroup& gr = groups[it.group];
     AttnQuery* qs = queries[tid].data();
     int nq = 0;
-    for (int r = gr.row0; r < gr.row0 + gr.nrows; r++)
+    for (int r = gr.row0; r < gr.row0 + gr.nrows; r++) {
+      const RowKeys& rk = row_keys[r];
+      const int64_t* rs = rk.own.empty() ? slots[gr.seq].data() : rk.own.data();
       for (int hh = it.h0; hh < it.h0 + it.nh; hh++, nq++)
         qs[nq] = AttnQuery{&qkv[size_t(r) * ldq + size_t(hh) * D], bt.positions[r] + 1,
-                           scratch[tid].data() + size_t(nq) * stride, &attn[size_t(r) * H * D + size_t(hh) * D]};
+                           scratch[tid].data() + size_t(nq) * stride, &attn[size_t(r) * H * D + size_t(hh) * D],
+                           rs, rk.shared};
+    }
     const float* kbase = bt.kc + size_t(li) * bt.layer_stride + size_t(it.g) * D * bt.block_size;
     const float* vbase = bt.vc + size_t(li) * bt.layer_stride + size_t(it.g) * D;
-    attend_many(qs, nq, kbase, vbase, gr.chunks.data(), int64_t(gr.chunks.size()), m.Hkv, D, bt.block_size,
-                slots[gr.seq].data());
+    attend_many(qs, nq, kbase, vbase, gr.chunks.data(), int64_t(gr.chunks.size()), m.Hkv, D, bt.block_size);
   };
 
   P.run([&](int tid, int nt) {
@@ -282,7 +316,7 @@ static void forward(const Model& m, const Batch& bt, int B) {
       B.wait();
       clk.lap(P_QKV);
       for (int i = a; i < b; i++) {
-        int64_t slot = slots[bt.row_seq[i]][bt.positions[i]];
+        int64_t slot = slots[bt.row_seq[i]][slot_index(bt, i)];
         rope_and_store(m, bt, li, &qkv[size_t(i) * ldq], slot, &cs[size_t(i) * half], &sn[size_t(i) * half]);
       }
       B.wait();
@@ -430,8 +464,8 @@ void dg_model_set_head(void* mp, const float* final_norm, void* head, const void
 
 void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
 
-int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq, int B,
-               const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
+int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq,
+               const int64_t* slot_index, const int32_t* parent, int B, const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
                int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax, int n_feat,
                const int32_t* feat_layers, int RF, const int64_t* feat_rows, float* features) {
   const Model& m = *static_cast<Model*>(mp);
@@ -448,8 +482,14 @@ int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions,
       if (feat_rows[r] < 0 || feat_rows[r] >= N)
         throw std::out_of_range("feature row " + std::to_string(feat_rows[r]) + " is outside [0, " +
                                 std::to_string(N) + ")");
-    Batch bt{N,  tokens, positions,    row_seq, tables,     table_off, block_size, kc,          vc,
-             layer_stride, R, logit_rows, logits, argmax, n_feat, feat_layers, RF, feat_rows, features};
+    if ((slot_index == nullptr) != (parent == nullptr)) throw std::invalid_argument("a tree needs slot_index and parent");
+    for (int i = 0; i < (parent ? N : 0); i++)
+      if (parent[i] >= i || (parent[i] >= 0 && (row_seq[parent[i]] != row_seq[i] || positions[parent[i]] + 1 != positions[i])))
+        throw std::out_of_range("row " + std::to_string(i) + " follows row " + std::to_string(parent[i]) +
+                                ": a tree row follows an earlier row of its sequence, one position before it");
+    Batch bt{N,      tokens,     positions,  row_seq, slot_index,  parent,      tables,     table_off, block_size,
+             kc,     vc,         layer_stride, R,     logit_rows,  logits,      argmax,     n_feat,    feat_layers,
+             RF,     feat_rows,  features};
     forward(m, bt, B);
   });
 }
