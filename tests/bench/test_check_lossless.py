@@ -80,7 +80,7 @@ def _keeps_a_rejected_draft(logits: torch.Tensor, drafts: Sequence[RoundDraft], 
             e = e if a < len(d.token_ids) else e  # the round still ends here
         emitted.append(e)
         accepted.append(min(a, len(d.token_ids)))
-    return RoundOutcome(emitted, accepted)
+    return RoundOutcome(emitted, accepted, [list(range(1, a + 1)) for a in accepted])
 
 
 def _accepts_every_sampled_draft(logits: torch.Tensor, drafts: Sequence[RoundDraft], argmax=None) -> RoundOutcome:  # type: ignore[no-untyped-def]
@@ -91,7 +91,7 @@ def _accepts_every_sampled_draft(logits: torch.Tensor, drafts: Sequence[RoundDra
         if d.q is not None and d.temperature > 0 and d.token_ids:
             emitted[b] = [*d.token_ids, out.emitted[b][-1]] if out.accepted[b] == len(d.token_ids) else list(d.token_ids)
             accepted[b] = len(d.token_ids)
-    return RoundOutcome(emitted, accepted)
+    return RoundOutcome(emitted, accepted, [list(range(1, a + 1)) for a in accepted])
 
 
 def test_a_planted_greedy_bug_fails_with_the_first_difference(engine_with, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
