@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftgate.drafters.base import DraftRequest, draft_problem
+from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.eagle import EagleDrafter
 from draftgate.engine.engine import Engine
 from draftgate.engine.local_target import LocalTarget
@@ -55,23 +55,13 @@ def test_the_heads_runner_ups_go_along_as_tree_leaves_where_likely_enough(tiny_m
     q = torch.softmax(h.last_logits, dim=-1)  # [Vs]: the head's first-token distribution
     top2 = [int(d.head.vocab_ids[j]) for j in q.topk(2).indices]
     assert draft.token_ids[0] == top2[0] and draft.tree[0] == (0, top2[1])
-    # The first token's runner-up grows a branch of its own (node 4 = tree[0]), leaves beside it too;
-    # at most 2 K nodes, none deeper than the chain.
-    assert len(draft.token_ids) == 3 and len(draft.tree) == 6
-    assert any(p == 4 for p, _ in draft.tree)
-    d.branch_depth = 1  # the branch stays a leaf: one leaf beside each chain token
-    leaves = d.propose([req])[0]
-    assert leaves.token_ids == draft.token_ids and leaves.tree[0] == draft.tree[0]
-    assert [p for p, _ in leaves.tree] == [0, 1, 2]
-    assert all(t != c for (_, t), c in zip(leaves.tree, leaves.token_ids, strict=True))
-    assert draft_problem(draft, 3, tiny_model.config.vocab_size) is None
+    assert [p for p, _ in draft.tree] == [0, 1, 2]  # each leaf beside chain token p + 1
+    assert all(t != c for (_, t), c in zip(draft.tree, draft.token_ids, strict=True))
     # Just above the first runner-up's probability: no leaf there, and the deeper paths are less likely still.
     d.min_branch = float(q.topk(2).values[1]) * 1.01
     assert d.propose([req])[0].tree == ()
     with pytest.raises(ValueError, match="min_branch"):
         EagleDrafter(d.head, min_branch=0.0)
-    with pytest.raises(ValueError, match="branch_depth"):
-        EagleDrafter(d.head, branch_depth=0)
 
 
 def test_sampling_drafts_are_coupled_to_the_targets_uniforms(tiny_model: LoadedModel) -> None:

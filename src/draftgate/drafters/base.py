@@ -55,7 +55,7 @@ class Draft:
     q: torch.Tensor | SparseQ | None = None  # None: one-hot (deterministic draft); dense: [len, V]
     # A draft tree, for one-hot drafts: more nodes as (parent, token), node 0 the pending token,
     # 1..len(token_ids) the chain, then these in order (a parent comes before its children; siblings
-    # carry different tokens; at most 2 * len(token_ids) of them, none deeper than the chain). A draft
+    # carry different tokens; at most len(token_ids) of them, none deeper than the chain). A draft
     # head's runner-ups, say. A target that can verifies the tree in the same forward (a tree
     # attention mask) and keeps the path its own choices follow; one that cannot verifies the chain.
     # Every path is matched against the target's choices, so the output is the same either way.
@@ -120,8 +120,8 @@ def draft_problem(d: Draft, k: int, V: int) -> str | None:
     if any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
         return f"draft token ids must be in [0, {V})"
     if d.tree:
-        if d.q is not None or len(d.tree) > 2 * n:
-            return "a draft tree needs a one-hot draft with at least half as many chain tokens as tree nodes"
+        if d.q is not None or len(d.tree) > n:
+            return "a draft tree needs a one-hot draft with at least as many chain tokens as tree nodes"
         seen = {(i, t) for i, t in enumerate(d.token_ids)}  # (parent, token) of every node so far
         depth = list(range(n + 1))
         for node, (parent, t) in enumerate(d.tree, start=n + 1):

@@ -25,10 +25,7 @@ tree's nodes by the same product). The local target verifies the tree in the sam
 tree attention mask, one row a leaf, and keeps the path the target's choices follow. On the
 open-chat eval prompts the head's first draft is wrong in about half the rounds and its runner-up
 is then often the target's choice (docs/BENCHMARKS.md, issue 13, "seventh session"). A leaf costs
-no head step: the head computed its q for the chain token anyway. The runner-up for the first
-token does not stay a leaf: it grows a chain of its own (up to ``branch_depth`` tokens, while
-its confidence passes the same bars), drafted on a copy of the head's cache, its head steps in
-the same ``step_many`` calls as the main chains (one more row each).
+no head step: the head computed its q for the chain token anyway.
 
 Every draft is one-hot, verified by matching the target's own choice, so the output is plain
 decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
@@ -44,7 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -57,47 +54,6 @@ from draftgate.models.loader import LoadedModel
 from draftgate.sampling.transforms import logits_to_probs, sample_from_probs
 
 __all__ = ["EagleDrafter", "shipped_head", "load_head"]
-
-
-@dataclass
-class _Chain:
-    """One path the head drafts along a request's tree: the main chain, or the branch off the pending token."""
-
-    req: int  # the request's index
-    cache: HeadCache  # the sequence's (the main chain) or a copy (a branch: its draft entries are its own)
-    h: torch.Tensor  # [C] the head's output at the chain's newest node (its next step reads it)
-    logits: torch.Tensor  # [Vs] the logits there (the next token's)
-    conf: float  # product of the head's probabilities along the path
-    main: bool
-    nodes: list[int] = field(default_factory=list)  # the chain's nodes (_Tree ids), in order
-    open: bool = True  # it drafts a token at the next depth
-
-
-@dataclass
-class _Tree:
-    """A request's draft as it grows: nodes (parent, token, on the main chain?), id = index + 1 (0: the pending token)."""
-
-    nodes: list[tuple[int, int, bool]] = field(default_factory=list)
-
-    def add(self, parent: int, token: int, main: bool = False) -> int:
-        self.nodes.append((parent, token, main))
-        return len(self.nodes)
-
-    def draft(self) -> Draft:
-        """The main chain as the draft's tokens, the other nodes as its tree (numbered after the chain),
-        none deeper than the chain nor more than twice its length (``Draft.tree``)."""
-        chain = [i + 1 for i, (_, _, main) in enumerate(self.nodes) if main]
-        n = len(chain)
-        new_id = {0: 0, **{c: j + 1 for j, c in enumerate(chain)}}
-        depth = {0: 0}
-        tree: list[tuple[int, int]] = []
-        for i, (parent, token, main) in enumerate(self.nodes, start=1):
-            depth[i] = depth[parent] + 1
-            if main or parent not in new_id or depth[i] > n or len(tree) == 2 * n:
-                continue
-            tree.append((new_id[parent], token))
-            new_id[i] = n + len(tree)
-        return Draft([self.nodes[c - 1][1] for c in chain], tree=tuple(tree))
 
 
 @dataclass
@@ -120,7 +76,6 @@ class EagleDrafter:
         min_confidence: float = 0.15,
         min_continue: float | None = None,
         min_branch: float | None = 0.15,
-        branch_depth: int = 8,
     ) -> None:
         """``min_confidence``: a chain stops before the token at which the product of the head's
         probabilities of its drafts would fall below this (0: always K tokens; see STOPPING).
@@ -129,8 +84,7 @@ class EagleDrafter:
         pass ``min_confidence`` with a probability of at most ``min_confidence / min_continue``
         (see STOPPING). ``min_branch``: the head's second choice for a chain token goes with the
         draft as a leaf of its tree (``Draft.tree``) where the chain's confidence before it times the
-        head's probability of it is at least this (None: never; see TREE). ``branch_depth``: the most
-        tokens the branch off the first token's runner-up drafts (1: a leaf)."""
+        head's probability of it is at least this (None: never; see TREE)."""
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         cont = min(1.0, 2 * min_confidence) if min_continue is None else min_continue
@@ -138,10 +92,7 @@ class EagleDrafter:
             raise ValueError(f"min_continue must be in [min_confidence, 1], got {min_continue!r}")
         if min_branch is not None and not 0.0 < min_branch <= 1.0:
             raise ValueError(f"min_branch must be in (0, 1] or None, got {min_branch!r}")
-        if branch_depth < 1:
-            raise ValueError(f"branch_depth must be >= 1, got {branch_depth!r}")
         self.min_confidence, self.min_continue, self.min_branch = min_confidence, cont, min_branch
-        self.branch_depth = branch_depth
         self.head = head.eval().prepare()  # its first draft call is not a cold one
         self.feature_layers = head.feature_layers
         self._seqs: dict[int, _Seq] = {}
@@ -192,57 +143,41 @@ class EagleDrafter:
                 self._drop_absorbed(s, len(r.tokens) - 2)
         live = [(i, r, s) for i, r, s in live if self._synced(r, s)]
         true_n = [s.cache.n for _, _, s in live]  # type: ignore[union-attr]
+        ids: list[list[int]] = [[] for _ in live]
+        cur = [(s.last_h, s.last_logits) for _, _, s in live]
+        conf = [1.0] * len(live)  # product of the head's probabilities of each chain's drafts
+        tree: list[list[tuple[int, int]]] = [[] for _ in live]  # each chain's runner-up leaves (see TREE)
         try:
-            trees = self._grow_trees([(r, s) for _, r, s in live])
+            for step in range(max((r.k for _, r, _ in live), default=0)):
+                more = []  # live indices that draft token step + 1
+                for j, (_, r, _) in enumerate(live):
+                    if step < r.k and conf[j] >= self.min_confidence:  # below it, the chain has ended
+                        q, at = self._choose(r, cur[j][1], step)  # type: ignore[arg-type]
+                        tok, p = int(self.head.vocab_ids[at]), float(q[at])
+                        before = conf[j]
+                        conf[j] *= p
+                        if conf[j] < self.min_confidence:
+                            continue  # too unlikely to be accepted: the chain ends before it
+                        if self.min_branch is not None and (leaf := self._runner_up(q, at, before)) is not None:
+                            tree[j].append((step, leaf))  # a sibling of chain node step + 1
+                        ids[j].append(tok)
+                        if step + 1 < r.k and conf[j] >= self.min_continue:
+                            more.append(j)
+                if not more:
+                    break
+                h, logits = head.step_many(
+                    [live[j][2].cache for j in more],  # type: ignore[misc]
+                    [torch.tensor([ids[j][-1]]) for j in more],
+                    g=[cur[j][0][None] for j in more],  # type: ignore[index]
+                )  # [B', C], [B', Vs]
+                for b, j in enumerate(more):
+                    cur[j] = (h[b], logits[b])
         finally:
             for (_, _, s), n in zip(live, true_n, strict=True):
                 head.truncate(s.cache, n)  # type: ignore[arg-type]  # draft entries never stay
-        for (i, _, _), nodes in zip(live, trees, strict=True):
-            drafts[i] = nodes.draft()
+        for (i, _, _), d, t in zip(live, ids, tree, strict=True):
+            drafts[i] = Draft(d, tree=tuple(t))
         return drafts
-
-    def _grow_trees(self, live: list[tuple[DraftRequest, _Seq]]) -> list[_Tree]:
-        """Each request's draft tree: its main chain, a branch off the pending token, and leaves.
-
-        Every chain of every request takes its head step in one ``step_many`` call per depth.
-        """
-        trees = [_Tree() for _ in live]
-        chains = [_Chain(j, s.cache, s.last_h, s.last_logits, 1.0, main=True) for j, (_, s) in enumerate(live)]  # type: ignore[arg-type]
-        for step in range(max((r.k for r, _ in live), default=0)):
-            more: list[tuple[_Chain, int]] = []  # (chain, its newest token): a head step each
-            for ch in list(chains):  # a branch made at this step drafts from the next one on
-                r = live[ch.req][0]
-                if not ch.open or step >= r.k:
-                    continue
-                q, at = self._choose(r, ch.logits, step)
-                tok, before = int(self.head.vocab_ids[at]), ch.conf
-                ch.conf *= float(q[at])
-                ch.open = False  # unless it goes on below
-                if ch.conf < self.min_confidence:
-                    continue  # too unlikely to be accepted: the chain ends before it
-                parent, tree = (ch.nodes[-1] if ch.nodes else 0), trees[ch.req]
-                if self.min_branch is not None and (alt := self._runner_up(q, at, before)) is not None:
-                    node = tree.add(parent, alt[0])
-                    if ch.main and step == 0 and self.branch_depth > 1:  # the branch goes on (see TREE)
-                        c = ch.cache
-                        twin = HeadCache(c.k.clone(), c.v.clone(), c.n, c.start)
-                        sib = _Chain(ch.req, twin, ch.h, ch.logits, alt[1], main=False, nodes=[node])
-                        chains.append(sib)
-                        if 1 < min(r.k, self.branch_depth) and sib.conf >= self.min_continue:
-                            sib.open = True
-                            more.append((sib, alt[0]))
-                ch.nodes.append(tree.add(parent, tok, main=ch.main))
-                if step + 1 < min(r.k, self.branch_depth if not ch.main else r.k) and ch.conf >= self.min_continue:
-                    ch.open = True
-                    more.append((ch, tok))
-            if not more:
-                break
-            h, logits = self.head.step_many(
-                [c.cache for c, _ in more], [torch.tensor([t]) for _, t in more], g=[c.h[None] for c, _ in more]
-            )  # [B', C], [B', Vs]
-            for b, (c, _) in enumerate(more):
-                c.h, c.logits = h[b], logits[b]
-        return trees
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         pass  # the target's features (feed) are all the head needs
@@ -280,14 +215,13 @@ class EagleDrafter:
         c = s.cache
         return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
 
-    def _runner_up(self, q: torch.Tensor, at: int, conf: float) -> tuple[int, float] | None:
-        """The head's runner-up beside a draft at subset index ``at`` of q [Vs], on a path of confidence
-        ``conf``: (token, the path's confidence with it), if that is at least ``min_branch``."""
+    def _runner_up(self, q: torch.Tensor, at: int, conf: float) -> int | None:
+        """The head's runner-up token beside a draft at subset index ``at`` of q [Vs], on a path of
+        confidence ``conf``, if the path to it is likely enough (``min_branch``)."""
         assert self.min_branch is not None
         top2 = torch.topk(q, 2)
         j = int(top2.indices[1]) if int(top2.indices[0]) == at else int(top2.indices[0])
-        p = conf * float(q[j])
-        return (int(self.head.vocab_ids[j]), p) if p >= self.min_branch else None
+        return int(self.head.vocab_ids[j]) if conf * float(q[j]) >= self.min_branch else None
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor, i: int) -> tuple[torch.Tensor, int]:
         """Draft token i from the head's logits [Vs]: the head's q [Vs] and the drafted subset index.
