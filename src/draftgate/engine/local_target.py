@@ -153,8 +153,8 @@ class LocalTarget:
             tree = w.draft.tree if w.draft.q is None else ()
             more = kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1 + len(tree)) - n if tree else 0
             if more > spare:
-                tree = ()
-            spare -= more if tree else 0
+                tree, more = (), 0
+            spare -= more
             trees.append(tree)
         return trees
 

@@ -465,7 +465,8 @@ void dg_model_set_head(void* mp, const float* final_norm, void* head, const void
 void dg_model_free(void* mp) { delete static_cast<Model*>(mp); }
 
 int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions, const int32_t* row_seq,
-               const int64_t* slot_index, const int32_t* parent, int B, const int32_t* tables, const int64_t* table_off, int block_size, float* kc, float* vc,
+               const int64_t* slot_index, const int32_t* parent, int B, const int32_t* tables,
+               const int64_t* table_off, int block_size, float* kc, float* vc,
                int64_t layer_stride, int R, const int64_t* logit_rows, float* logits, int64_t* argmax, int n_feat,
                const int32_t* feat_layers, int RF, const int64_t* feat_rows, float* features) {
   const Model& m = *static_cast<Model*>(mp);
@@ -487,9 +488,8 @@ int dg_forward(void* mp, int N, const int64_t* tokens, const int64_t* positions,
       if (parent[i] >= i || (parent[i] >= 0 && (row_seq[parent[i]] != row_seq[i] || positions[parent[i]] + 1 != positions[i])))
         throw std::out_of_range("row " + std::to_string(i) + " follows row " + std::to_string(parent[i]) +
                                 ": a tree row follows an earlier row of its sequence, one position before it");
-    Batch bt{N,      tokens,     positions,  row_seq, slot_index,  parent,      tables,     table_off, block_size,
-             kc,     vc,         layer_stride, R,     logit_rows,  logits,      argmax,     n_feat,    feat_layers,
-             RF,     feat_rows,  features};
+    Batch bt{N,  tokens, positions,  row_seq, slot_index, parent, tables,      table_off, block_size, kc, vc,
+             layer_stride, R, logit_rows, logits, argmax, n_feat, feat_layers, RF,        feat_rows,  features};
     forward(m, bt, B);
   });
 }
