@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.errors import ModelLoadError
-from draftgate.train.eagle import EagleConfig, train_eagle
+from draftgate.train.eagle import EagleConfig, choose_precision, train_eagle
 from draftgate.types import SamplingParams
 
 WORDS = ["hello", "world", "the", "an", "is", "of", "and", *"abcdefghij", *"0123456789"]
@@ -38,16 +38,18 @@ def _cfg(tiny_model_dir: Path, data: Path, out: Path, **kw: object) -> EagleConf
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
-def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, tmp_path: Path, precision: str) -> None:
     out = tmp_path / "head"
     logs: list[str] = []
-    rep = train_eagle(_cfg(tiny_model_dir, data_file, out, steps=40), progress=False, log=logs.append)
-    assert rep.steps == 40 and rep.vocab_subset == 40 and rep.feature_layers == [1, 2]
+    rep = train_eagle(_cfg(tiny_model_dir, data_file, out, steps=40, precision=precision), progress=False, log=logs.append)
+    assert rep.steps == 40 and rep.vocab_subset == 40 and rep.feature_layers == [1, 2] and rep.precision == precision
     assert sum(rep.losses[-5:]) < sum(rep.losses[:5])  # it learns
     assert rep.agreement_after > rep.agreement_before
     assert len(rep.agreement_per_step) == 2  # the default rollout
     meta = json.loads((out / "head.json").read_text())
     assert meta["format"] == "draftgate-eagle-head/1" and meta["trained"]["seed"] == 0
+    assert meta["trained"]["precision"] == precision
     assert load_file(str(out / "head.safetensors"))["vocab_ids"].numel() == 40
     # Killed during step 23 (last checkpoint: step 20) and resumed: the same run, loss for loss.
     import draftgate.train.eagle as mod
@@ -64,12 +66,15 @@ def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, t
     mod._loss = crash_at_23  # type: ignore[assignment]
     try:
         with pytest.raises(KeyboardInterrupt):
-            train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40), progress=False, log=logs.append)
+            train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, precision=precision), progress=False, log=logs.append)
     finally:
         mod._loss = real_loss  # type: ignore[assignment]
+    other = "fp32" if precision == "bf16" else "bf16"
+    with pytest.raises(ValueError, match=f"trained with --precision {precision}"):  # a resume keeps its precision
+        train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, resume=True, precision=other), progress=False)
     rep2 = train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, resume=True), progress=False, log=logs.append)
     assert any("resumed" in m and "step 20" in m for m in logs)
-    assert rep2.steps == 40 and rep2.losses == rep.losses
+    assert rep2.steps == 40 and rep2.losses == rep.losses and rep2.precision == precision  # auto resumes as it ran
 
 
 def test_eagle_is_seeded(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
@@ -108,7 +113,14 @@ def test_a_trained_head_is_lossless_on_the_engine(
         build_engine(EngineConfig(model=str(tiny_draft_dir), drafter=DrafterKind.EAGLE, draft_head=str(out)))
 
 
+def test_precision_auto_measures_and_explicit_choices_stand() -> None:
+    assert choose_precision("fp32") == "fp32" and choose_precision("bf16") == "bf16"
+    assert choose_precision("auto") in ("fp32", "bf16")  # this CPU's measurement
+
+
 def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--precision"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, precision="fp16").validate()
     with pytest.raises(ValueError, match="--rollout"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, rollout=0).validate()
     with pytest.raises(ValueError, match="--vocab-subset"):

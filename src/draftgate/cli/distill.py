@@ -99,6 +99,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="eagle: share of the steps that train the first draft step alone first (default: %(default)s)",
     )
     p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="eagle: the training products' precision; bf16 is autocast (float32 weights, optimizer and loss); "
+        "auto: bf16 where this CPU runs it at least 1.3x faster (measured at the start) (default: %(default)s)",
+    )
+    p.add_argument(
         "--layers",
         type=int,
         default=4,
@@ -160,7 +167,7 @@ def run(a: argparse.Namespace) -> int:
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
                             feature_noise=a.feature_noise, weight_decay=a.weight_decay, continuations=a.continuations,
-                            sample_temperature=a.sample_temperature).validate()  # fmt: skip
+                            sample_temperature=a.sample_temperature, precision=a.precision).validate()  # fmt: skip
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)
     else:
         from draftgate.train.distill import DistillConfig, distill

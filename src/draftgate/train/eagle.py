@@ -33,7 +33,7 @@ from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_
 from draftgate.train.distill import jsonable, kl_ce_mix, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
-__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement"]
+__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "choose_precision"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class EagleConfig:
     max_minutes: float | None = None
     resume: bool = False
     eval_fraction: float = 0.05
+    precision: str = "auto"  # of the training products: fp32, bf16 (autocast), auto (bf16 where measured faster)
 
     def validate(self) -> EagleConfig:
         if self.vocab_subset < 16:
@@ -84,7 +85,41 @@ class EagleConfig:
             raise ValueError("--checkpoint-every must be >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError("--max-minutes must be > 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         return self
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def choose_precision(asked: str) -> str:
+    """``fp32`` or ``bf16`` for the training products; ``auto`` measures this CPU.
+
+    bf16 (autocast: bf16 products, float32 weights, optimizer and loss) where a product of a training
+    step's shape runs at least 1.3x faster in bf16 than in float32, else fp32. Measured
+    (docs/BENCHMARKS.md, issue 13, tenth session): an AMD Zen 4 with AVX512-BF16 runs the products
+    2.75x faster in bf16 and a training step 1.9-2.2x; the CPU changes between sessions, so it is
+    measured, never assumed.
+    """
+    if asked != "auto":
+        return asked
+    gen = torch.Generator().manual_seed(0)  # not the run's seeded stream
+    a = torch.randn(1024, 576, generator=gen)  # [rows, C]: one step's activations
+    w = torch.randn(1536, 576, generator=gen)  # [F, C]: an MLP weight
+
+    def best(x: torch.Tensor, y: torch.Tensor) -> float:
+        x @ y.T  # first call: packing, page faults
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            x @ y.T
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+
+    fp32 = best(a, w)
+    bf16 = best(a.bfloat16(), w.bfloat16())
+    return "bf16" if bf16 * 1.3 <= fp32 else "fp32"
 
 
 @dataclass
@@ -103,6 +138,7 @@ class EagleReport:
     seconds_data: float
     seconds_train: float
     seconds_total: float
+    precision: str = "fp32"
     evals: list[tuple[int, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
 
@@ -172,7 +208,7 @@ def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, de
         tv, ti, tgt = bt["tv"][:, rows], bt["ti"][:, rows], bt["tgt"][:, rows]  # [B, T, k], [B, T]
         w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
         wj = w * (tgt >= 0) * decay ** (j - 1)
-        total = total + (kl_ce_mix(logits, tv, ti, tgt, alpha) * wj).sum()  # [B, T] weighted
+        total = total + (kl_ce_mix(logits.float(), tv, ti, tgt, alpha) * wj).sum()  # [B, T] weighted (float32 under autocast)
         norm += float(wj.sum())
     return total / max(norm, 1e-6)
 
@@ -229,8 +265,12 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, evals = 0, [], []
     ckpt = cfg.out / "checkpoint.pt"
-    if cfg.resume and ckpt.is_file():
-        st = torch.load(ckpt, weights_only=False)
+    st = torch.load(ckpt, weights_only=False) if cfg.resume and ckpt.is_file() else None
+    # A resumed run keeps its precision (its steps continue bit for bit), whatever this CPU prefers.
+    precision = st.get("precision", "fp32") if st is not None else choose_precision(cfg.precision)
+    if st is not None and cfg.precision not in ("auto", precision):
+        raise ValueError(f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}")
+    if st is not None:
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
@@ -242,7 +282,7 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     if not evals:
         evals.append((0, round(before, 4)))
     log(f"{len(train_s)} train / {len(eval_s)} eval sequences; feature layers {list(layers)}; vocab subset "
-        f"{vocab_ids.numel()} (covers {coverage:.1%}); agreement before {before:.1%}")  # fmt: skip
+        f"{vocab_ids.numel()} (covers {coverage:.1%}); agreement before {before:.1%}; {precision} products")  # fmt: skip
     meta = {
         "target": target_fingerprint(tcfg, target.weights),
         "target_source": cfg.target,
@@ -250,14 +290,14 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
                     "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
-                    "sample_temperature": cfg.sample_temperature},
+                    "sample_temperature": cfg.sample_temperature, "precision": precision},
     }  # fmt: skip
 
     def save() -> None:
         cfg.out.mkdir(parents=True, exist_ok=True)
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                     "gen": gen.get_state(), "rng": torch.random.get_rng_state(), "step": step, "losses": losses,
-                    "evals": evals}, ckpt)  # fmt: skip
+                    "evals": evals, "precision": precision}, ckpt)  # fmt: skip
         head.save(cfg.out, meta)
 
     t1 = time.perf_counter()
@@ -270,7 +310,9 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         S = 1 if step < cfg.rollout_warmup * cfg.steps else cfg.rollout  # one step learns fastest; then the rollout
         pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
         bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
-        loss = optimizer_step(_loss(head, bt, S, cfg.alpha, cfg.step_decay), head.parameters(), opt, sched)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            objective = _loss(head, bt, S, cfg.alpha, cfg.step_decay)
+        loss = optimizer_step(objective, head.parameters(), opt, sched)
         step += 1
         losses.append(round(loss, 4))
         bar.update(1)
@@ -293,7 +335,8 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         vocab_subset=int(vocab_ids.numel()), subset_coverage=round(coverage, 4), steps=step,
         agreement_before=round(before, 4), agreement_after=round(per_step[0], 4),
         agreement_per_step=[round(a, 4) for a in per_step], seconds_data=round(t_data, 1),
-        seconds_train=round(t_train, 1), seconds_total=round(time.perf_counter() - t0, 1), evals=evals, losses=losses,
+        seconds_train=round(t_train, 1), seconds_total=round(time.perf_counter() - t0, 1), precision=precision,
+        evals=evals, losses=losses,
     )  # fmt: skip
     (cfg.out / "distill.json").write_text(json.dumps({"config": jsonable(asdict(cfg)), "report": asdict(report)}, indent=2))
     log(f"head agreement with the target on held-out continuations: {before:.1%} -> {per_step[0]:.1%} "
