@@ -25,7 +25,8 @@ def _norm(s: str) -> str:
 
 
 def test_training_prompts_are_disjoint_from_every_measured_prompt() -> None:
-    measured = {_norm(p) for f in (DATA / "chat_eval.jsonl", DATA / "prompts.jsonl", BENCH / "heldout.jsonl")
+    measured = {_norm(p) for f in (DATA / "chat_eval.jsonl", DATA / "prompts.jsonl", BENCH / "heldout.jsonl",
+                                   BENCH / "heldout_translation.jsonl")
                 for p in _first_turns(f)}  # fmt: skip
     for name in ("chat_train.jsonl", "chat_written.jsonl", "translate_train.jsonl"):
         train = [_norm(p) for p in _first_turns(DATA / name)]
@@ -41,3 +42,14 @@ def test_the_written_chat_prompts_are_distinct_labelled_and_readable() -> None:
     cats = {d["category"] for d in lines}
     assert cats == {"advice", "explain", "writing", "lists", "translate_rewrite", "conversation"}
     assert len(read_records(DATA / "chat_written.jsonl")) == 960  # distill reads every line as a prompt
+
+
+def test_held_out_translation_sentences_are_in_no_training_prompt() -> None:
+    # The training file phrases each sentence several ways, so compare the sentences themselves.
+    train = [_norm(p) for name in ("chat_train.jsonl", "chat_written.jsonl", "translate_train.jsonl")
+             for p in _first_turns(DATA / name)]  # fmt: skip
+    held = _first_turns(BENCH / "heldout_translation.jsonl")
+    assert len(held) == 10
+    for p in held:
+        sentence = _norm(p.split(":", 1)[1])
+        assert len(sentence) > 20 and not any(sentence in t for t in train), sentence

@@ -19,8 +19,9 @@ Examples:
   draftgate distill --target smollm2-135m --data src/draftgate/data/chat_train.jsonl \\
       --out drafts/smollm2-chat --layers 4 --steps 300 --max-minutes 30
   draftgate distill --kind eagle --data src/draftgate/data/chat_train.jsonl \\
-      src/draftgate/data/chat_written.jsonl --eval-data src/draftgate/data/chat_eval.jsonl \\
-      --out heads/smollm2 --max-minutes 30     # how the shipped SmolLM2 head was trained (27 min here)
+      src/draftgate/data/chat_written.jsonl src/draftgate/data/translate_train.jsonl \\
+      --eval-data src/draftgate/data/chat_eval.jsonl --out heads/smollm2 --steps 1650 \\
+      --max-minutes 30     # how the shipped SmolLM2 head was trained (27 min here, bf16 steps)
 """
 
 from __future__ import annotations
