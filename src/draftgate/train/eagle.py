@@ -37,6 +37,9 @@ from draftgate.train.states import States, generate_states
 __all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "choose_precision"]
 
 
+PRECISIONS = ("auto", "fp32", "bf16")  # --precision
+
+
 @dataclass(frozen=True)
 class EagleConfig:
     target: str
@@ -91,8 +94,6 @@ class EagleConfig:
         return self
 
 
-PRECISIONS = ("auto", "fp32", "bf16")
-
 
 def choose_precision(asked: str) -> str:
     """``fp32`` or ``bf16`` for the training products; ``auto`` measures this CPU.
@@ -100,7 +101,7 @@ def choose_precision(asked: str) -> str:
     bf16 (autocast: bf16 products, float32 weights, optimizer and loss) where a product of a training
     step's shape runs at least 1.3x faster in bf16 than in float32, else fp32. Measured
     (docs/BENCHMARKS.md, issue 13, tenth session): an AMD Zen 4 with AVX512-BF16 runs the products
-    2.75x faster in bf16 and a training step 1.9-2.2x; the CPU changes between sessions, so it is
+    2.75x faster in bf16 and a training step 1.85-2.2x; the CPU changes between sessions, so it is
     measured, never assumed.
     """
     if asked != "auto":
@@ -139,7 +140,7 @@ class EagleReport:
     seconds_data: float
     seconds_train: float
     seconds_total: float
-    precision: str = "fp32"
+    precision: str  # fp32 or bf16: what the training steps ran in
     evals: list[tuple[int, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
 
