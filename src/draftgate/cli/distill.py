@@ -107,6 +107,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "auto: bf16 where this CPU runs it at least 1.3x faster (measured at the start) (default: %(default)s)",
     )
     p.add_argument(
+        "--device",
+        default=None,
+        help="eagle: where the target generates the data and the head trains, cpu or cuda[:N] "
+        "(default: cuda when this torch sees a GPU, else cpu)",
+    )
+    p.add_argument(
         "--layers",
         type=int,
         default=4,
@@ -164,13 +170,18 @@ def run(a: argparse.Namespace) -> int:
     sizes = {"vocab_subset": pick(a.vocab_subset, 8192, 4096), "steps": pick(a.steps, 300, 1000),
              "batch": pick(a.batch, 16, 12), "lr": pick(a.lr, 3e-4, 2e-3)}  # fmt: skip
     if a.kind == "eagle":
+        import torch
+
         from draftgate.train.eagle import EagleConfig, train_eagle
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
                             feature_noise=a.feature_noise, weight_decay=a.weight_decay, continuations=a.continuations,
-                            sample_temperature=a.sample_temperature, precision=a.precision).validate()  # fmt: skip
+                            sample_temperature=a.sample_temperature, precision=a.precision,
+                            device=a.device or ("cuda" if torch.cuda.is_available() else "cpu")).validate()  # fmt: skip
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)
     else:
+        if a.device not in (None, "cpu"):
+            raise ValueError("--device is for --kind eagle; a draft model trains on the CPU")
         from draftgate.train.distill import DistillConfig, distill
 
         cfg = DistillConfig(**common, **sizes, layers=a.layers, hidden=a.hidden, temperature=a.temperature).validate()

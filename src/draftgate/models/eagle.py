@@ -122,8 +122,9 @@ class EagleHead(nn.Module):
     def attach_target(self, weights: dict[str, torch.Tensor]) -> EagleHead:
         emb = weights["model.embed_tokens.weight"]
         head = weights.get("lm_head.weight", emb)
-        self.embed = emb.float()  # [V, C]
-        self.out_rows = head[self.vocab_ids].float().contiguous()  # [Vs, C]
+        dev = self.vocab_ids.device  # the head's own device (``.to(device)`` before attaching)
+        self.embed = emb.to(dev).float()  # [V, C]
+        self.out_rows = head.to(dev)[self.vocab_ids].float().contiguous()  # [Vs, C]
         self._drop_fast()
         return self
 
@@ -141,8 +142,8 @@ class EagleHead(nn.Module):
 
     def save(self, folder: Path, meta: dict) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
-        state["vocab_ids"] = self.vocab_ids.to(torch.int32).contiguous()
+        state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
+        state["vocab_ids"] = self.vocab_ids.to("cpu", torch.int32).contiguous()
         save_file(state, str(folder / "head.safetensors"))
         info = {"format": FORMAT, "feature_layers": list(self.feature_layers), "vocab_subset": int(self.vocab_ids.numel()), **meta}
         (folder / "head.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -49,23 +49,25 @@ class AttentionLayout:
 
     @classmethod
     def build(cls, batch: RaggedBatch, device: torch.device) -> AttentionLayout:
-        new_lens, logits_per_seq = batch.new_lens, batch.logits_per_seq
-        ctx_slots = [batch.slots(b) for b in range(len(new_lens))]
+        """The index tensors, from the block tables: no Python work per context token (a GPU batch
+        of 256 sequences at context 250 spent 30 ms a step building them a slot at a time)."""
+        new_lens, logits_per_seq, ctx_lens, bs = batch.new_lens, batch.logits_per_seq, batch.ctx_lens, batch.block_size
         B = len(new_lens)
-        ctx_lens = [len(s) for s in ctx_slots]
-        positions: list[int] = []
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         write: list[int] = []
         logit_rows: list[int] = []
         row = 0
-        for n, slots, r in zip(new_lens, ctx_slots, logits_per_seq, strict=True):
-            S = len(slots)
-            write.extend(slots[S - n :])
+        for b, (n, S, r) in enumerate(zip(new_lens, ctx_lens, logits_per_seq, strict=True)):
+            table = batch.block_tables[b]
+            write.extend(table[t // bs] * bs + t % bs for t in range(S - n, S))
             logit_rows.extend(range(row + n - r, row + n))
             row += n
         positions = batch.positions()  # a tree row's: the context's length plus its depth
         T_max, S_max = max(new_lens), max(ctx_lens)
-        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
-        kv_gather = as_t([s + [0] * (S_max - len(s)) for s in ctx_slots])  # [B, S_max]
+        n_blocks = (S_max + bs - 1) // bs
+        tables = as_t([list(t[:n_blocks]) + [0] * (n_blocks - min(len(t), n_blocks)) for t in batch.block_tables])  # [B, nb]
+        t_idx = torch.arange(S_max, device=device)  # [S_max]
+        kv_gather = tables[:, t_idx // bs] * bs + t_idx % bs  # [B, S_max] (past a sequence's length: masked)
         q_index = unpad = mask = None
         if B > 1:
             starts = [0]
@@ -82,8 +84,10 @@ class AttentionLayout:
                     mask[b, :n, S - n : S] = _ancestry(batch.parents[b], device)
             mask = mask[:, None]  # [B, 1, T_max, S_max]
         span = None
-        if B == 1 and ctx_slots[0] == list(range(ctx_slots[0][0], ctx_slots[0][0] + S_max)):
-            span = (ctx_slots[0][0], ctx_slots[0][0] + S_max)
+        if B == 1:  # its blocks consecutive: the context is one slice of the cache
+            table = batch.block_tables[0][:n_blocks]
+            if table == list(range(table[0], table[0] + n_blocks)):
+                span = (table[0] * bs, table[0] * bs + S_max)
         return cls(as_t(positions), as_t(write), kv_gather, span, q_index, unpad, mask, as_t(logit_rows))
 
 

@@ -69,6 +69,7 @@ class EagleConfig:
     resume: bool = False
     eval_fraction: float = 0.05
     precision: str = "auto"  # of the training products: fp32, bf16 (autocast), auto (bf16 where measured faster)
+    device: str = "cpu"  # where the target generates the data and the head trains: cpu or cuda[:N]
 
     def validate(self) -> EagleConfig:
         if self.vocab_subset < 16:
@@ -91,12 +92,20 @@ class EagleConfig:
             raise ValueError("--max-minutes must be > 0")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as e:
+            raise ValueError(f"--device must be cpu or cuda[:N], got {self.device!r}") from e
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: this torch sees no CUDA device; use --device cpu")
         return self
 
 
 
-def choose_precision(asked: str) -> str:
-    """``fp32`` or ``bf16`` for the training products; ``auto`` measures this CPU.
+def choose_precision(asked: str, device: torch.device | None = None) -> str:
+    """``fp32`` or ``bf16`` for the training products; ``auto`` measures this CPU (bf16 on CUDA).
 
     bf16 (autocast: bf16 products, float32 weights, optimizer and loss) where a product of a training
     step's shape runs at least 1.3x faster in bf16 than in float32, else fp32. Measured
@@ -106,6 +115,8 @@ def choose_precision(asked: str) -> str:
     """
     if asked != "auto":
         return asked
+    if device is not None and device.type == "cuda":
+        return "bf16"  # tensor cores: bf16 products are the GPU's fast path
     gen = torch.Generator().manual_seed(0)  # not the run's seeded stream
     a = torch.randn(1024, 576, generator=gen)  # [rows, C]: one step's activations
     w = torch.randn(1536, 576, generator=gen)  # [F, C]: an MLP weight
@@ -150,16 +161,19 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
     """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings."""
     n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
     sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
-    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled]).encode()
+    on = [torch.device(cfg.device).type] if torch.device(cfg.device).type != "cpu" else []  # GPU data: its own cache
+    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled, *on]).encode()
     key = hashlib.sha256(settings + data_bytes(path)).hexdigest()
     cache = cfg.out / f"states-{label}.pt"
     if cache.is_file():
         got = torch.load(cache, weights_only=False)
         if got.get("key") == key:
             return got["states"]
+    on_gpu = torch.device(cfg.device).type == "cuda"
     states = generate_states(
         target, read_records(path), layers, cfg.top_k, cfg.max_new_tokens, cfg.max_len, continuations=n,
-        temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress,
+        temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress, device=cfg.device,
+        batch=256 if on_gpu else 32,  # a GPU step costs about the same for 32 rows or 256
     )  # fmt: skip
     if len(states) < 1:
         raise ValueError(f"{data_names(path)}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
@@ -170,7 +184,10 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
 
 def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, prompt_w: float,
            gen: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
-    """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row."""
+    """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row.
+
+    Built where the states live (``sub_of`` with them): CPU states make a CPU batch.
+    """
     spans = []
     for s in items:
         n = s.feats.shape[0]
@@ -178,14 +195,14 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
         spans.append((lo, min(n, lo + window)))
     T = max(b - a for a, b in spans)
     B, nF, C = len(items), items[0].feats.shape[1], items[0].feats.shape[2]
-    k = items[0].top_v.shape[1]
-    feats = torch.zeros(B, T, nF, C)
-    nxt = torch.zeros(B, T + S, dtype=torch.int64)  # the token after each row (x_{t+1}), then beyond
-    tgt = torch.full((B, T + S), -1, dtype=torch.int64)  # row r's token (x_{r+1}) as a subset index
-    w = torch.zeros(B, T + S)
-    tv = torch.full((B, T + S, k), float("-inf"))
-    ti = torch.zeros(B, T + S, k, dtype=torch.int64)
-    anchors = torch.zeros(B, T, dtype=torch.bool)  # rows that start a rollout (the window's own)
+    k, dev = items[0].top_v.shape[1], items[0].feats.device
+    feats = torch.zeros(B, T, nF, C, device=dev)
+    nxt = torch.zeros(B, T + S, dtype=torch.int64, device=dev)  # the token after each row (x_{t+1}), then beyond
+    tgt = torch.full((B, T + S), -1, dtype=torch.int64, device=dev)  # row r's token (x_{r+1}) as a subset index
+    w = torch.zeros(B, T + S, device=dev)
+    tv = torch.full((B, T + S, k), float("-inf"), device=dev)
+    ti = torch.zeros(B, T + S, k, dtype=torch.int64, device=dev)
+    anchors = torch.zeros(B, T, dtype=torch.bool, device=dev)  # rows that start a rollout (the window's own)
     for b, (s, (lo, hi)) in enumerate(zip(items, spans, strict=True)):
         n, m = s.feats.shape[0], hi - lo  # rows past the window's m anchors serve as later steps' targets
         feats[b, :m] = s.feats[lo:hi].float()
@@ -194,7 +211,7 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
         r = end - lo
         nxt[b, :r] = s.tokens[lo + 1 : end + 1]
         tgt[b, :r] = sub_of[s.tokens[lo + 1 : end + 1]]
-        w[b, :r] = torch.where(torch.arange(lo, end) >= s.start - 1, 1.0, prompt_w)
+        w[b, :r] = torch.where(torch.arange(lo, end, device=dev) >= s.start - 1, 1.0, prompt_w)
         sub = sub_of[s.top_i[lo:end].long()]  # [r, k]
         tv[b, :r] = s.top_v[lo:end].float().masked_fill(sub < 0, float("-inf"))
         ti[b, :r] = sub.clamp(min=0)
@@ -221,16 +238,17 @@ def head_agreement(head: EagleHead, states: Sequence[States], steps: int = 1) ->
     hit, total = [0] * steps, [0] * steps
     was = head.training
     head.eval()
+    dev = head.vocab_ids.device
     for s in states:
-        n = s.feats.shape[0]
-        nxt = torch.cat([s.tokens[1:], torch.zeros(steps, dtype=torch.int64)])[None]  # [1, n + steps]
-        outs = head.rollout(s.feats.float()[None], nxt, steps)
+        n, tokens = s.feats.shape[0], s.tokens.cpu()
+        nxt = torch.cat([tokens[1:], torch.zeros(steps, dtype=torch.int64)])[None]  # [1, n + steps]
+        outs = head.rollout(s.feats.to(dev).float()[None], nxt.to(dev), steps)
         for j, lg in enumerate(outs):
-            pred = head.vocab_ids[lg[0].argmax(-1)]  # [n] the token predicted for row t + j + 1
+            pred = head.vocab_ids[lg[0].argmax(-1)].cpu()  # [n] the token predicted for row t + j + 1
             t = torch.arange(n)
             want = t + j + 2  # step j + 1 at anchor t predicts the token at t + j + 2
             ok = (want <= n) & (want >= s.start)
-            hit[j] += int((pred[ok] == s.tokens[want[ok]]).sum())
+            hit[j] += int((pred[ok] == tokens[want[ok]]).sum())
             total[j] += int(ok.sum())
     head.train(was)
     return [h / max(1, t) for h, t in zip(hit, total, strict=True)]
@@ -251,6 +269,21 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         n_eval = max(1, int(round(len(states) * cfg.eval_fraction)))
         eval_s = [states[i] for i in order[:n_eval]]
         train_s = [states[i] for i in order[n_eval:]] or eval_s
+    examples = len(states) if cfg.eval_data is None else len(train_s)
+    return train_head(cfg, target, train_s, eval_s, t0, examples=examples, progress=progress, log=log)
+
+
+def train_head(
+    cfg: EagleConfig, target: LoadedModel, train_s: Sequence[States], eval_s: Sequence[States], t0: float,
+    examples: int | None = None, progress: bool = True, log: Callable[[str], None] = print,
+) -> EagleReport:  # fmt: skip
+    """Train, checkpoint and save a head on given states (``train_eagle`` after its data; t0: when the run began).
+
+    The states may live on ``cfg.device`` already (a batch is built where they are); on the CPU
+    each batch is copied over.
+    """
+    tcfg = target.config
+    layers = default_feature_layers(tcfg.num_layers)
     t_data = time.perf_counter() - t0
 
     ex = [Example(tuple(s.tokens.tolist()), s.start) for s in train_s]
@@ -258,18 +291,21 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     vocab_ids, coverage = choose_vocab_subset(ex, top, min(cfg.vocab_subset, tcfg.vocab_size), tcfg.eos_token_ids)
     sub_of = torch.full((tcfg.vocab_size,), -1, dtype=torch.int64)
     sub_of[vocab_ids] = torch.arange(vocab_ids.numel())
+    sub_of = sub_of.to(train_s[0].feats.device)  # [V] beside the states: the batches are built there
     torch.manual_seed(cfg.seed)  # here, not only at the start: generating the data draws from it
-    head = EagleHead(tcfg, layers, vocab_ids).attach_target(target.weights)
-    head.init_weights(target.weights)
+    device = torch.device(cfg.device)
+    head = EagleHead(tcfg, layers, vocab_ids)
+    head.init_weights(target.weights)  # on the CPU: the same initial head on any device
+    head = head.to(device).attach_target(target.weights)
     head.feature_noise = cfg.feature_noise
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = warmup_cosine(opt, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, evals = 0, [], []
     ckpt = cfg.out / "checkpoint.pt"
-    st = torch.load(ckpt, weights_only=False) if cfg.resume and ckpt.is_file() else None
+    st = torch.load(ckpt, weights_only=False, map_location="cpu") if cfg.resume and ckpt.is_file() else None
     # A resumed run keeps its precision (its steps continue bit for bit), whatever this CPU prefers.
-    precision = st.get("precision", "fp32") if st is not None else choose_precision(cfg.precision)
+    precision = st.get("precision", "fp32") if st is not None else choose_precision(cfg.precision, device)
     if st is not None and cfg.precision not in ("auto", precision):
         raise ValueError(f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}")
     if st is not None:
@@ -278,6 +314,8 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         sched.load_state_dict(st["sched"])
         gen.set_state(st["gen"])
         torch.random.set_rng_state(st["rng"])  # the feature noise
+        if device.type == "cuda" and st.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(st["cuda_rng"], device)
         step, losses, evals = st["step"], st["losses"], st["evals"]
         log(f"resumed from {ckpt} at step {step}")
     before = evals[0][1] if evals else head_agreement(head, eval_s)[0]  # evals[0]: step 0
@@ -292,14 +330,15 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
                     "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
-                    "sample_temperature": cfg.sample_temperature, "precision": precision},
+                    "sample_temperature": cfg.sample_temperature, "precision": precision, "device": device.type},
     }  # fmt: skip
 
     def save() -> None:
         cfg.out.mkdir(parents=True, exist_ok=True)
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                     "gen": gen.get_state(), "rng": torch.random.get_rng_state(), "step": step, "losses": losses,
-                    "evals": evals, "precision": precision}, ckpt)  # fmt: skip
+                    "evals": evals, "precision": precision,
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}, ckpt)  # fmt: skip
         head.save(cfg.out, meta)
 
     t1 = time.perf_counter()
@@ -312,7 +351,8 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
         S = 1 if step < cfg.rollout_warmup * cfg.steps else cfg.rollout  # one step learns fastest; then the rollout
         pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
         bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"), warnings.catch_warnings():
+        bt = {k: v.to(device, non_blocking=True) for k, v in bt.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"), warnings.catch_warnings():
             # bf16 activations into float32 RMS-norm weights take torch's unfused norm: same math, nothing to report
             warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
             objective = _loss(head, bt, S, cfg.alpha, cfg.step_decay)
@@ -334,7 +374,7 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     meta["trained"]["agreement"] = round(per_step[0], 4)
     save()
     report = EagleReport(
-        out=str(cfg.out), feature_layers=list(layers), examples=len(states) if cfg.eval_data is None else len(train_s),
+        out=str(cfg.out), feature_layers=list(layers), examples=len(train_s) if examples is None else examples,
         eval_examples=len(eval_s), train_tokens=sum(int(s.tokens.numel()) for s in train_s),
         vocab_subset=int(vocab_ids.numel()), subset_coverage=round(coverage, 4), steps=step,
         agreement_before=round(before, 4), agreement_after=round(per_step[0], 4),

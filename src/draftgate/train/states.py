@@ -13,6 +13,9 @@ Continuation 0 of a prompt is the target's greedy one (the native kernels are ba
 it is plain decoding's, token for token); continuations 1.. are sampled at ``temperature`` with a
 seeded generator: more of the target's own text from the same prompts (their labels are the
 target's logits at every position either way).
+
+On CUDA (``device``) the runner is PyTorch's forward on the GPU and a step's outputs come back to
+the CPU in one copy each; what is returned always lives on the CPU.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def sample_rows(logits: torch.Tensor, temperature: float, gen: torch.Generator) 
     """One token per row of ``logits`` [r, V] from softmax(logits / temperature), by one inverse-CDF
     draw for all rows (``torch.multinomial`` took 1.6 ms a row at V = 49152, 15% of the data time)."""
     cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(-1)  # [r, V]
-    u = torch.rand(logits.shape[0], 1, generator=gen) * cdf[:, -1:]  # [r, 1]
+    u = torch.rand(logits.shape[0], 1, generator=gen).to(cdf.device) * cdf[:, -1:]  # [r, 1] (gen: CPU)
     return torch.searchsorted(cdf, u, right=True).clamp_max(logits.shape[-1] - 1)[:, 0].tolist()
 
 
@@ -76,8 +79,9 @@ def generate_states(
     batch: int = 32,
     chunk: int = 256,
     progress: bool = True,
+    device: str | torch.device = "cpu",
 ) -> list[States]:
-    """Per usable record (prompts: ``continuations`` each; texts: one), its ``States``, in order."""
+    """Per usable record (prompts: ``continuations`` each; texts: one), its ``States``, in order (on the CPU)."""
     tok, cfg = target.tokenizer, target.config
     limit = min(max_len, cfg.max_position_embeddings)
     eos = set(cfg.eos_token_ids)
@@ -92,14 +96,14 @@ def generate_states(
             if len(ids) + max_new_tokens <= limit:
                 todo.extend((ids, max_new_tokens, c == 0) for c in range(continuations))
     out: list[States | None] = [None] * len(todo)
-    runner = ModelRunner(target, num_blocks=batch * ((limit + 15) // 16 + 1) + 8, enable_prefix_cache=False)
+    runner = ModelRunner(target, device, num_blocks=batch * ((limit + 15) // 16 + 1) + 8, enable_prefix_cache=False)
     gen = torch.Generator().manual_seed(seed)
     live: dict[int, _Live] = {}
     bar = tqdm(total=len(todo), desc="target states", unit="seq", disable=not progress)
 
-    def top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # logits [n, V] -> [n, k] each
+    def top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # logits [n, V] -> [n, k] each, CPU
         v, i = logits.topk(top_k, dim=-1)
-        return v.half(), i.int()
+        return v.half().cpu(), i.int().cpu()
 
     def keep(s: _Live, top_v: torch.Tensor, top_i: torch.Tensor, feats: torch.Tensor) -> None:  # rows of s
         s.top_v.append(top_v)
@@ -110,7 +114,7 @@ def generate_states(
         """Each sequence's next token from its row of ``logits`` [n, V] (``argmax`` [n])."""
         if bool((argmax < 0).any()):
             raise RuntimeError("the target produced a non-finite logit row while generating training data")
-        picks = argmax.tolist()
+        picks = argmax.tolist()  # (from any device)
         rows = [b for b, s in enumerate(seqs) if not s.greedy]
         if rows:
             for b, t in zip(rows, sample_rows(logits[rows], temperature, gen), strict=True):
@@ -134,7 +138,7 @@ def generate_states(
             piece = rows[a : a + chunk]
             res = runner.forward_flat([ForwardItem(sid, piece, len(piece))], layers)  # every row's logits
             assert res.features is not None
-            keep(s, *top(res.logits), res.features.half())
+            keep(s, *top(res.logits), res.features.half().cpu())
         if not n_new:
             finish(sid)
             return
@@ -158,7 +162,7 @@ def generate_states(
             assert res.features is not None
             picks = choose(seqs, res.logits, res.argmax)
             top_v, top_i = top(res.logits)  # one top-k for the step's rows
-            feats = res.features.half()  # [n, nF, C]
+            feats = res.features.half().cpu()  # [n, nF, C]
             for b, s in enumerate(seqs):
                 keep(s, top_v[b : b + 1], top_i[b : b + 1], feats[b : b + 1])
                 s.tokens.append(picks[b])

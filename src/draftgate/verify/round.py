@@ -112,10 +112,12 @@ def verify_round(logits: Tensor, drafts: Sequence[RoundDraft], argmax: Tensor | 
         if argmax is not None and min(choice) < 0:
             raise ValueError("the target returned NaN or infinite logits")
     else:
-        def per_row(f, dtype):  # noqa: ANN001, ANN202
-            return torch.tensor([f(d) for d in drafts for _ in range(d.num_rows)], dtype=dtype)
+        dev = logits.device  # every per-row tensor beside the logits (CUDA: no cross-device math)
 
-        u = torch.cat([_uniforms(d, k)[d.depths() if d.tree else slice(None)] for d, k in zip(drafts, ks, strict=True)])  # [R, 2]
+        def per_row(f, dtype):  # noqa: ANN001, ANN202
+            return torch.tensor([f(d) for d in drafts for _ in range(d.num_rows)], dtype=dtype, device=dev)
+
+        u = torch.cat([_uniforms(d, k)[d.depths() if d.tree else slice(None)] for d, k in zip(drafts, ks, strict=True)]).to(dev)  # [R, 2]
         c, rows, probs = _choices(
             logits, per_row(lambda d: d.temperature, torch.float32), per_row(lambda d: d.top_k, torch.int64),
             per_row(lambda d: d.top_p, torch.float32), u[:, 1],
@@ -179,27 +181,27 @@ def _reject(
 
     probs [Rs, V] is p of the sampled rows ``rows`` [Rs] (flat row ids), already transformed.
     """
-    V = probs.shape[1]
+    V, dev = probs.shape[1], probs.device  # the padded batch is built where p lives
     K = max(len(drafts[b].token_ids) for b in seqs)
     B = len(seqs)
-    where = torch.full((int(offsets[-1]),), -1, dtype=torch.int64)  # flat row -> index in probs
-    where[rows] = torch.arange(rows.numel())
+    where = torch.full((int(offsets[-1]),), -1, dtype=torch.int64, device=dev)  # flat row -> index in probs
+    where[rows] = torch.arange(rows.numel(), device=dev)
     flat = [offsets[b] + min(j, len(drafts[b].token_ids)) for b in seqs for j in range(K + 1)]  # pad: repeat last
-    p = probs[where[torch.tensor(flat)]].view(B, K + 1, V)  # [B, K+1, V]
-    draft_ids = torch.full((B, K), -1, dtype=torch.int64)  # [B, K]
-    q = torch.zeros(B, K, V)  # [B, K, V] dense: sparse q are scattered in
-    u = torch.zeros(B, K + 1, 2, dtype=torch.float64)  # [B, K+1, 2]
+    p = probs[where[torch.tensor(flat, device=dev)]].view(B, K + 1, V)  # [B, K+1, V]
+    draft_ids = torch.full((B, K), -1, dtype=torch.int64, device=dev)  # [B, K]
+    q = torch.zeros(B, K, V, device=dev)  # [B, K, V] dense: sparse q are scattered in
+    u = torch.zeros(B, K + 1, 2, dtype=torch.float64, device=dev)  # [B, K+1, 2]
     for i, b in enumerate(seqs):  # marshal each drafter's q format into the padded batch
         d = drafts[b]
         k = len(d.token_ids)
-        draft_ids[i, :k] = torch.tensor(list(d.token_ids), dtype=torch.int64)
+        draft_ids[i, :k] = torch.tensor(list(d.token_ids), dtype=torch.int64, device=dev)
         if isinstance(d.q, tuple):
-            q[i, :k].scatter_add_(1, d.q[0], d.q[1].float())
+            q[i, :k].scatter_add_(1, d.q[0].to(dev), d.q[1].to(dev).float())
         elif d.q is not None:
-            q[i, :k] = d.q.float()
+            q[i, :k] = d.q.to(dev).float()
         assert d.uniforms is not None
         u[i, : k + 1] = d.uniforms
-    draft_lens = torch.tensor([len(drafts[b].token_ids) for b in seqs], dtype=torch.int64)  # [B]
+    draft_lens = torch.tensor([len(drafts[b].token_ids) for b in seqs], dtype=torch.int64, device=dev)  # [B]
     res = verify_sampling(draft_ids, draft_lens, p, q, u[:, :K, 0], u[:, :, 1])
     tokens = res.tokens.tolist()
     return [(tokens[i][: a + 1], a) for i, a in enumerate(res.num_accepted.tolist())]
