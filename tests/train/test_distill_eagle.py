@@ -116,6 +116,7 @@ def test_a_trained_head_is_lossless_on_the_engine(
 def test_precision_auto_measures_and_explicit_choices_stand() -> None:
     assert choose_precision("fp32") == "fp32" and choose_precision("bf16") == "bf16"
     assert choose_precision("auto") in ("fp32", "bf16")  # this CPU's measurement
+    assert choose_precision("auto", torch.device("cuda")) == "bf16"  # tensor cores (nothing measured)
 
 
 def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
@@ -125,3 +126,27 @@ def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
         EagleConfig(target="x", data=tmp_path, out=tmp_path, rollout=0).validate()
     with pytest.raises(ValueError, match="--vocab-subset"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, vocab_subset=4).validate()
+    with pytest.raises(ValueError, match="--device must be cpu or cuda"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, device="tpu").validate()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA device; use --device cpu"):
+            EagleConfig(target="x", data=tmp_path, out=tmp_path, device="cuda").validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_eagle_trains_on_cuda_from_the_same_initial_head(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
+    """Data on the GPU runner, steps on the GPU; the saved head loads on the CPU engine and is lossless there."""
+    rep = train_eagle(_cfg(tiny_model_dir, data_file, tmp_path / "gpu", steps=40, device="cuda"), progress=False,
+                      log=lambda s: None)  # fmt: skip
+    assert rep.precision == "bf16" and rep.agreement_after > rep.agreement_before
+    assert sum(rep.losses[-5:]) < sum(rep.losses[:5])
+    eng = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.EAGLE, draft_head=str(tmp_path / "gpu")))
+    plain = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.NONE))
+    try:
+        for prompt in ("hello world", "the a b c"):
+            params = SamplingParams(max_new_tokens=24)
+            assert eng.complete(prompt, params).token_ids == plain.complete(prompt, params).token_ids
+    finally:
+        eng.shutdown()
+        plain.shutdown()

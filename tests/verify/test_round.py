@@ -183,3 +183,24 @@ def test_sampled_q_drafts_emit_p(sparse: bool) -> None:
     assert n2 > N // 3, "drafts were rarely accepted: the second position is barely tested"
     assert _tv(second, p[1]) < _tv_bound(p[1], n2)
     assert _tv(lied, p[0]) > _tv_bound(p[0], N), "the check cannot tell a wrong q from the right one"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_round_on_cuda_logits_equals_the_cpu_round() -> None:
+    """The runner's logits live on the GPU there; drafts, q and uniforms come from the CPU."""
+    g = torch.Generator().manual_seed(11)
+    ks = [2, 5, 3, 0]
+    rows = [torch.randn(k + 1, V, generator=g) * 2 for k in ks]
+    us = [torch.rand(k + 1, 2, generator=g, dtype=torch.float64) for k in ks]
+    dense = torch.softmax(torch.randn(5, V, generator=g), -1)
+    sparse_ids = torch.randint(0, V, (3, 4), generator=g)
+    drafts = [
+        _rd([int(rows[0][0].argmax()), 7], SAMPLED, us[0]),
+        _rd(torch.multinomial(dense, 1, generator=g).squeeze(1).tolist(), SAMPLED, us[1], dense),
+        _rd(sparse_ids[:, 0].tolist(), SAMPLED, us[2], (sparse_ids, torch.full((3, 4), 0.25))),
+        _rd([], SAMPLED, us[3]),
+    ]
+    cpu = verify_round(torch.cat(rows), drafts)
+    gpu = verify_round(torch.cat(rows).cuda(), drafts)
+    assert (gpu.emitted, gpu.accepted) == (cpu.emitted, cpu.accepted)
