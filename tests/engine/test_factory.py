@@ -9,9 +9,10 @@ import pytest
 
 from draftgate.drafters.model import ModelDrafter
 from draftgate.engine import DrafterKind, EngineConfig
-from draftgate.engine.factory import build_drafter
+from draftgate.engine.factory import build_drafter, build_runner
 from draftgate.errors import ModelLoadError
 from draftgate.models.loader import LoadedModel
+from draftgate.models.runner import Kernels
 from pair_support import make_variant, swapped_vocab_draft
 
 
@@ -47,3 +48,19 @@ def test_compatible_draft_builds_and_warnings_are_logged(
     with caplog.at_level(logging.WARNING, logger="draftgate.engine.factory"):
         assert isinstance(build_drafter(_cfg(draft), tiny_model), ModelDrafter)
     assert "context: draft max_position_embeddings 64" in caplog.text
+
+
+@pytest.mark.parametrize(("kernels", "drafter", "warns"), [
+    (Kernels.TORCH, DrafterKind.NGRAM, True), (Kernels.TORCH, DrafterKind.NONE, False),
+    (Kernels.NATIVE, DrafterKind.NGRAM, False),
+])  # fmt: skip
+def test_torch_kernels_warn_that_greedy_identity_is_not_guaranteed(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture, kernels: Kernels, drafter: DrafterKind, warns: bool
+) -> None:
+    cfg = EngineConfig(model=str(tiny_model_dir), drafter=drafter, kernels=kernels)
+    with caplog.at_level(logging.WARNING, logger="draftgate.engine.factory"):
+        build_runner(cfg)
+    said = [r.getMessage() for r in caplog.records if "may differ from plain decoding" in r.getMessage()]
+    assert bool(said) == warns
+    if warns:
+        assert "CPU kernels (--kernels torch)" in said[0]

@@ -122,13 +122,14 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
         kernels=cfg.kernels,
         build_dir=cfg.cache_dir,
     )
-    if runner.kernels is Kernels.TORCH and runner.device.type == "cpu" and cfg.drafter != DrafterKind.NONE:
+    if runner.kernels is Kernels.TORCH and cfg.drafter != DrafterKind.NONE:
         # Measured (docs/BENCHMARKS.md, issue 12): PyTorch's CPU kernels round a 2-row pass differently
         # from a 1-row pass even in float32; in bfloat16, 16 of 20 greedy answers differed from plain.
+        # Its CUDA kernels promise no invariance either (benchmarks/invariance_probe.py measures it).
+        where = "CPU kernels (--kernels torch)" if runner.device.type == "cpu" else f"kernels on {runner.device}"
         logging.getLogger(__name__).warning(
-            "speculation on PyTorch's CPU kernels (--kernels torch): greedy output may differ from plain "
-            "decoding near ties (a K+1-row verify rounds differently from a one-row decode); the default "
-            "native kernels are batch invariant"
+            "speculation on PyTorch's %s: greedy output may differ from plain decoding near ties (a K+1-row "
+            "verify may round differently from a one-row decode); the native CPU kernels are batch invariant", where
         )
     return runner
 
