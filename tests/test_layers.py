@@ -25,7 +25,7 @@ RANK = {
     "drafters": 4, "modelinfo": 4,
     "engine": 5,
     "server": 6, "bench": 6, "train": 6,
-    "cli": 7,
+    "cli": 7, "__main__": 7,  # `python -m draftgate`: the command line
 }  # fmt: skip
 # Same rank, still not allowed (DESIGN 2: the tools know nothing of each other; drafters know no model tools).
 FORBIDDEN = {("bench", "train"), ("train", "bench"), ("bench", "server"), ("train", "server"), ("server", "bench"),
