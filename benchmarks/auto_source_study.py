@@ -103,6 +103,8 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                 sd, sn = _suffix_match(suffix, seq, tokens, k)
                 look, strength = (sd, sn) if len(sd) >= len(nd) else (nd, nn)
                 hd = eagle.propose([DraftRequest(seq, tokens, k, GREEDY)])[0]
+                first = eagle._seqs[seq].last_logits  # [Vs] the head's first draft step (its confidence)
+                p1 = float(torch.softmax(first, -1).max()) if first is not None else 0.0
                 tree_hit = any(parent == _accepted(hd.token_ids, truth) and tok == truth[parent]
                                for parent, tok in hd.tree if parent < len(truth))  # fmt: skip
                 rows.append({
@@ -110,6 +112,7 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                     "lookup_len": len(look), "lookup_acc": _accepted(look, truth), "match": strength,
                     "ngram_n": nn, "suffix_depth": sn, "head_len": len(hd.token_ids),
                     "head_acc": _accepted(hd.token_ids, truth) + int(tree_hit), "head_leaves": len(hd.tree),
+                    "head_p1": round(p1, 4), "same_first": bool(look and hd.token_ids and look[0] == hd.token_ids[0]),
                 })  # fmt: skip
             for d in (eagle, suffix, ngram):
                 d.release(seq)
@@ -135,7 +138,7 @@ def summarize(rows: list[dict], min_lookup: int = 3) -> None:
                 print(f"| {cat} | {len(rs)} | {len(kept)} | {name} | {len(b)} | {la:.2f} | {ha:.2f} |")
 
 
-Policy = Callable[[dict, dict], str]  # (position row, the request's running means) -> lookup | head | both | none
+Policy = Callable[[dict, dict], str]  # (position row, running means) -> lookup | probed lookup | head | both | none
 
 
 def _current(r: dict, st: dict) -> str:  # auto today: lookup on >= 3 proposed tokens
@@ -156,6 +159,14 @@ def _running(r: dict, st: dict, w: float = 4.0) -> str:
     return "lookup" if el >= eh else "head"
 
 
+def _confident_head(r: dict, st: dict, p1: float = 0.5) -> str:
+    """At a short-match lookup turn the head takes its first step; it drafts if it is at least p1
+    sure of a first token other than lookup's (else lookup drafts, having paid for that step)."""
+    if r["lookup_len"] < 3 or r["match"] >= 4:
+        return _current(r, st)
+    return "head" if r["head_p1"] >= p1 and not r["same_first"] else "probed lookup"
+
+
 def _both(r: dict, st: dict) -> str:  # a short-match lookup round also carries the head's chain (one tree)
     return "both" if r["lookup_len"] >= 3 and r["match"] <= 3 else _current(r, st)
 
@@ -166,6 +177,7 @@ POLICIES: dict[str, Policy] = {
     "auto today: lookup on >= 3 tokens": _current,
     "lookup only on a match >= 4": _long_match,
     "short matches by running means": _running,
+    "short matches: the head's if it is >= 0.5 sure of another first token": _confident_head,
     "short matches: lookup + head in one tree": _both,
     "oracle (the better of the two)": lambda r, st: "lookup" if r["lookup_acc"] >= r["head_acc"] and r["lookup_len"] else "head",
 }
@@ -186,8 +198,8 @@ def replay(rows: list[dict], policy: Policy, fwd: list[float], head_step: float)
         while i < len(rs):
             r = rs[i]
             src = policy(r, st)
-            if src == "lookup":
-                a, t = r["lookup_acc"], price(1 + r["lookup_len"])
+            if src in ("lookup", "probed lookup"):
+                a, t = r["lookup_acc"], price(1 + r["lookup_len"]) + (head_step if src == "probed lookup" else 0.0)
                 if r["lookup_len"] >= 3 and r["match"] <= 3:
                     st["short"][0] += a
                     st["short"][1] += 1
