@@ -13,6 +13,8 @@ restricted to the head's vocabulary subset, weighted 1 on generated positions an
 (resume continues bit-for-bit the same run), bounded by ``max_minutes``, with the held-out
 agreement (the head's greedy token = the target's, one step from the target's features) at each
 checkpoint. The output folder (head.json, head.safetensors) loads as ``--drafter eagle --draft-head DIR``.
+``device`` cuda generates the data on the GPU (PyTorch's forward) and trains there; the head starts
+from the same initial weights on any device.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_
 from draftgate.train.distill import jsonable, kl_ce_mix, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
-__all__ = ["EagleConfig", "EagleReport", "train_eagle", "head_agreement", "choose_precision"]
+__all__ = ["EagleConfig", "EagleReport", "train_eagle", "train_head", "head_agreement", "choose_precision"]
 
 
 PRECISIONS = ("auto", "fp32", "bf16")  # --precision
