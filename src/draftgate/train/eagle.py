@@ -163,15 +163,15 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
     """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings."""
     n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
     sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
-    on = [torch.device(cfg.device).type] if torch.device(cfg.device).type != "cpu" else []  # GPU data: its own cache
-    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled, *on]).encode()
+    on_gpu = torch.device(cfg.device).type == "cuda"
+    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled,
+                           *(["cuda"] if on_gpu else [])]).encode()  # fmt: skip  # GPU data: a cache of its own
     key = hashlib.sha256(settings + data_bytes(path)).hexdigest()
     cache = cfg.out / f"states-{label}.pt"
     if cache.is_file():
         got = torch.load(cache, weights_only=False)
         if got.get("key") == key:
             return got["states"]
-    on_gpu = torch.device(cfg.device).type == "cuda"
     states = generate_states(
         target, read_records(path), layers, cfg.top_k, cfg.max_new_tokens, cfg.max_len, continuations=n,
         temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress, device=cfg.device,

@@ -114,7 +114,7 @@ def generate_states(
         """Each sequence's next token from its row of ``logits`` [n, V] (``argmax`` [n])."""
         if bool((argmax < 0).any()):
             raise RuntimeError("the target produced a non-finite logit row while generating training data")
-        picks = argmax.tolist()  # (from any device)
+        picks = argmax.tolist()
         rows = [b for b, s in enumerate(seqs) if not s.greedy]
         if rows:
             for b, t in zip(rows, sample_rows(logits[rows], temperature, gen), strict=True):

@@ -188,13 +188,14 @@ def _reject(
     where[rows] = torch.arange(rows.numel(), device=dev)
     flat = [offsets[b] + min(j, len(drafts[b].token_ids)) for b in seqs for j in range(K + 1)]  # pad: repeat last
     p = probs[where[torch.tensor(flat, device=dev)]].view(B, K + 1, V)  # [B, K+1, V]
-    draft_ids = torch.full((B, K), -1, dtype=torch.int64, device=dev)  # [B, K]
+    # Ids and uniforms are padded on the CPU and moved once; q is scattered where p lives.
+    draft_ids = torch.full((B, K), -1, dtype=torch.int64)  # [B, K]
     q = torch.zeros(B, K, V, device=dev)  # [B, K, V] dense: sparse q are scattered in
-    u = torch.zeros(B, K + 1, 2, dtype=torch.float64, device=dev)  # [B, K+1, 2]
+    u = torch.zeros(B, K + 1, 2, dtype=torch.float64)  # [B, K+1, 2]
     for i, b in enumerate(seqs):  # marshal each drafter's q format into the padded batch
         d = drafts[b]
         k = len(d.token_ids)
-        draft_ids[i, :k] = torch.tensor(list(d.token_ids), dtype=torch.int64, device=dev)
+        draft_ids[i, :k] = torch.tensor(list(d.token_ids), dtype=torch.int64)
         if isinstance(d.q, tuple):
             q[i, :k].scatter_add_(1, d.q[0].to(dev), d.q[1].to(dev).float())
         elif d.q is not None:
@@ -202,6 +203,7 @@ def _reject(
         assert d.uniforms is not None
         u[i, : k + 1] = d.uniforms
     draft_lens = torch.tensor([len(drafts[b].token_ids) for b in seqs], dtype=torch.int64, device=dev)  # [B]
+    draft_ids, u = draft_ids.to(dev), u.to(dev)
     res = verify_sampling(draft_ids, draft_lens, p, q, u[:, :K, 0], u[:, :, 1])
     tokens = res.tokens.tolist()
     return [(tokens[i][: a + 1], a) for i, a in enumerate(res.num_accepted.tolist())]
