@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 
 from draftgate.engine.controller import (
+    CATCH_UP_RETRY,
     DOWN_PROBE_EVERY,
     FEW_CATCH_UPS,
     FEW_PLAIN_TIMINGS,
@@ -579,6 +580,41 @@ def test_probes_go_ahead_while_the_catch_up_price_rests_on_few_timings() -> None
     ctl, cost = _catching_up(alpha=0.0, draft_per_token=0.3, catch_per_token=1.0, timings=1)
     ks = [ctl.choose_k(cost, catch_up=20, remaining=30) for _ in range(40)]
     assert ctl.probes > 0 and any(ks)  # the same price as the test above, from one timing
+
+
+def test_a_catch_up_price_from_a_slow_minute_is_retried_not_kept_for_good() -> None:
+    """A catch-up price taken while the machine stalled refused every probe, and a refused probe
+    measures nothing: in a 5-arm bench, auto without a head drafted nothing in the 52 requests
+    after one stalled request. Once the price is CATCH_UP_RETRY forwards old a probe goes ahead,
+    and its timing, far off the stale price, starts the window again."""
+    ctl, cost = _catching_up(alpha=0.9, draft_per_token=0.01, catch_per_token=1.0)  # the stalled price
+    assert ctl.choose_k(cost, catch_up=0, remaining=200) > 0  # in steady state drafting pays ...
+    ks = []
+    for _ in range(2 * CATCH_UP_RETRY):
+        k = ctl.choose_k(cost, catch_up=20, remaining=30)  # ... but not at that catch-up price
+        cost.observe_forward(1 + k, linear(1 + k))
+        if k:
+            cost.observe_catch_up("m", 20, 20 * 0.001)  # what a catch-up costs now
+            ctl.record(k, k)
+        ks.append(k)
+    assert not any(ks[: CATCH_UP_RETRY - 1])  # no retry before the price is CATCH_UP_RETRY forwards old
+    assert sum(k > 0 for k in ks[-CATCH_UP_RETRY // 2 :]) >= 0.9 * CATCH_UP_RETRY // 2  # re-priced: drafting
+    assert cost.catch_up_time("m", 20) == pytest.approx(20 * 0.001)
+
+
+def test_a_retried_catch_up_that_agrees_with_its_price_keeps_it() -> None:
+    """An expensive drafter priced out for good reason: a retry every CATCH_UP_RETRY forwards, its
+    timing joins the window (no restart), and plain decoding goes on."""
+    ctl, cost = _catching_up(alpha=0.9, draft_per_token=0.3, catch_per_token=0.5)
+    ks = []
+    for _ in range(3 * CATCH_UP_RETRY):
+        k = ctl.choose_k(cost, catch_up=300, remaining=200)
+        cost.observe_forward(1 + k, linear(1 + k))
+        if k:
+            cost.observe_catch_up("m", 300, 300 * 0.5)
+        ks.append(k)
+    assert 1 <= sum(k > 0 for k in ks) <= 3  # one retry per CATCH_UP_RETRY forwards at most
+    assert cost.catch_up_timings("m") == FEW_CATCH_UPS + sum(k > 0 for k in ks)
 
 
 # ------------------------------------------------------------------ re-measuring plain decoding

@@ -59,6 +59,13 @@ STALE_SHIFT: Final = 0.2
 # (a loaded CI run: the head drafted 2 tokens in 93 rounds). An expensive drafter pays for such
 # probes only until its window holds this many timings.
 FEW_CATCH_UPS: Final = 3
+# ... and goes ahead too once the drafter's catch-up price is older than this many forwards (of any
+# request), a retry at most this often engine-wide: a price taken while the machine was slow (a
+# stalled minute) otherwise refused every probe for good, since only a probe's catch-up re-times it
+# (measured: in a 5-arm bench, auto without a head drafted nothing in the 52 requests after one
+# stalled request). A retry whose timing is more than STALE_SHIFT off the window's price starts
+# the window again from it (then FEW_CATCH_UPS lets the next probes measure), as forwards do.
+CATCH_UP_RETRY: Final = 512
 # Drafted rounds over which a drafter's mean extra (draft tree) rows are taken.
 BRANCH_WINDOW: Final = 64
 
@@ -118,6 +125,7 @@ class CostModel:
         self._forwards = 0  # forward observations so far
         self._last_seen: dict[int, int] = {}  # bucket -> value of _forwards when it was last observed
         self._catch_up: dict[str, deque[tuple[float, int]]] = {}  # drafter -> last `window` (seconds a token, tokens)
+        self._catch_up_seen: dict[str, int] = {}  # drafter -> value of _forwards at its last catch-up timing
         self._branch: dict[str, deque[int]] = {}  # drafter -> extra rows of its last BRANCH_WINDOW drafted rounds
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
@@ -208,8 +216,18 @@ class CostModel:
         them (llama.cpp's Q4 draft here: ~10 ms a token, a prompt prefill of 0.2-0.4 s).
         """
         _check(num_tokens, 1, max(0.0, seconds))
+        per_token = max(0.0, seconds) / num_tokens
         obs = self._catch_up.setdefault(drafter, deque(maxlen=self._window))
-        obs.append((max(0.0, seconds) / num_tokens, num_tokens))
+        if obs and self.catch_up_staleness(drafter) >= CATCH_UP_RETRY:
+            price = self.catch_up_time(drafter, 1)
+            if abs(per_token - price) > STALE_SHIFT * price:
+                obs.clear()  # a price from another time of the machine: start again from this timing
+        obs.append((per_token, num_tokens))
+        self._catch_up_seen[drafter] = self._forwards
+
+    def catch_up_staleness(self, drafter: str) -> int:
+        """Forwards observed since drafter's catch-up was last timed (all of them if never)."""
+        return self._forwards - self._catch_up_seen.get(drafter, 0)
 
     def catch_up_timings(self, drafter: str) -> int:
         """How many catch-up timings of drafter the window holds."""
@@ -515,8 +533,10 @@ class GoodputController:
         elif self.k_max > 0 and self._zero_run >= self.interval:
             self._zero_run = 0
             k = self.probe_k or self._probe_size(cost, other_tokens)
-            if cost.catch_up_timings(self.drafter) < FEW_CATCH_UPS or self._worth_catching_up(
-                cost, other_tokens, catch_up, remaining, k, z=OPTIMISM
+            if (
+                cost.catch_up_timings(self.drafter) < FEW_CATCH_UPS
+                or cost.catch_up_staleness(self.drafter) >= CATCH_UP_RETRY
+                or self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=OPTIMISM)
             ):
                 self._probing, self._probe_seen = True, False
                 self.probes += 1
