@@ -7,7 +7,10 @@ a round start: both sources draft K tokens from the same history (the head from 
 features), and each draft's accepted length is its common prefix with what the target went on to
 write. Lookup's proposals are bucketed by the length of the context match behind them (the n-gram
 length, or the suffix tree's match length), so a rule such as "lookup keeps the turn only on a match
-of at least m tokens" can be scored before it is built. Greedy; native kernels; one process.
+of at least m tokens" can be scored before it is built. Each row also records the evidence behind
+lookup's draft: whether the suffix tree copied it from earlier requests' outputs (its global trie)
+and on how long a context match, its count-based score, where in the history it was copied from,
+and the head's probability of its first token. Greedy; native kernels; one process.
 
 The policies are then replayed as rounds over those positions (a round drafts K = --k from the
 position it starts at and moves past what it emitted), priced with this CPU's forward(n)/forward(1),
@@ -62,6 +65,27 @@ def _suffix_match(d: SuffixDrafter, seq: int, tokens: list[int], k: int) -> tupl
     return draft, len(req.active)
 
 
+def _suffix_score(d: SuffixDrafter, seq: int, tokens: list[int], k: int) -> float:
+    """The request trie's expected accepted length for its draft (count-based; 0: no match)."""
+    req = d._sync(seq, tokens)
+    m = min(len(req.active), max(1, d.max_depth - k))
+    return req.trie.walk((req.active[m - 1], 0, m), k, d.min_prob)[1] if m > 0 else 0.0
+
+
+def _match_origin(tokens: list[int], draft: list[int], match: int) -> int:
+    """Where lookup's draft was copied from: the latest earlier position i with
+    tokens[i - m: i] == the history's last m tokens (m = min(match, 8)) and tokens[i] == draft[0];
+    -1 if none (a global-trie match, or an overlapping copy)."""
+    if not draft or match <= 0:
+        return -1
+    m, n = min(match, 8), len(tokens)
+    ctx = tokens[n - m :]
+    for i in range(n - 1, m - 1, -1):
+        if tokens[i] == draft[0] and tokens[i - m : i] == ctx:
+            return i
+    return -1
+
+
 def _accepted(draft: list[int], truth: list[int]) -> int:
     a = 0
     while a < len(draft) and a < len(truth) and draft[a] == truth[a]:
@@ -107,12 +131,22 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                 p1 = float(torch.softmax(first, -1).max()) if first is not None else 0.0
                 tree_hit = any(parent == _accepted(hd.token_ids, truth) and tok == truth[parent]
                                for parent, tok in hd.tree if parent < len(truth))  # fmt: skip
+                src_pos = _match_origin(tokens, look, strength)
+                sm = suffix.match(seq, tokens, k)
+                q_look = 0.0
+                if first is not None and look:
+                    at = (head.vocab_ids == look[0]).nonzero()
+                    q_look = float(torch.softmax(first, -1)[int(at[0, 0])]) if at.numel() else 0.0
                 rows.append({
                     "category": p.category, "prompt": f"{Path(path).stem}:{p.id}", "t": t - P,
                     "lookup_len": len(look), "lookup_acc": _accepted(look, truth), "match": strength,
                     "ngram_n": nn, "suffix_depth": sn, "head_len": len(hd.token_ids),
                     "head_acc": _accepted(hd.token_ids, truth) + int(tree_hit), "head_leaves": len(hd.tree),
                     "head_p1": round(p1, 4), "same_first": bool(look and hd.token_ids and look[0] == hd.token_ids[0]),
+                    "prompt_len": P, "from_suffix": len(sd) >= len(nd) and bool(sd),
+                    "suffix_score": round(_suffix_score(suffix, seq, tokens, k), 4),
+                    "origin": src_pos, "head_q_look": round(q_look, 4),
+                    "suffix_global": sm.from_global, "suffix_match_depth": sm.depth,
                 })  # fmt: skip
             for d in (eagle, suffix, ngram):
                 d.release(seq)
@@ -171,6 +205,14 @@ def _both(r: dict, st: dict) -> str:  # a short-match lookup round also carries 
     return "both" if r["lookup_len"] >= 3 and r["match"] <= 3 else _current(r, st)
 
 
+def _own_evidence(r: dict, st: dict) -> str:
+    """auto since the twelfth session: a suffix draft copied from earlier requests (the global trie)
+    on a context match under 4 tokens does not count toward lookup's turn (the n-gram's still does)."""
+    if r.get("suffix_global") and r["from_suffix"] and r["suffix_match_depth"] < 4:
+        return "lookup" if r["ngram_n"] else "head"  # an n-gram match drafts K tokens
+    return _current(r, st)
+
+
 POLICIES: dict[str, Policy] = {
     "lookup only (auto, --draft-head none)": lambda r, st: "lookup" if r["lookup_len"] else "none",
     "head only (eagle)": lambda r, st: "head",
@@ -179,6 +221,7 @@ POLICIES: dict[str, Policy] = {
     "short matches by running means": _running,
     "short matches: the head's if it is >= 0.5 sure of another first token": _confident_head,
     "short matches: lookup + head in one tree": _both,
+    "global-trie drafts on a match < 4 do not keep the turn (auto now)": _own_evidence,
     "oracle (the better of the two)": lambda r, st: "lookup" if r["lookup_acc"] >= r["head_acc"] and r["lookup_len"] else "head",
 }
 

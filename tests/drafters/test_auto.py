@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from draftgate.drafters import Draft, DraftRequest
 from draftgate.drafters.auto import AutoDrafter
 from draftgate.types import SamplingParams
@@ -135,3 +137,35 @@ def test_a_head_also_takes_the_rounds_where_lookup_proposes_under_three_tokens()
     assert e.token_ids == [1] and model.calls == []
     (f,) = AutoDrafter(model=model, min_lookup=3).propose([DraftRequest(5, short, 4, P)])
     assert f.token_ids == [7, 7, 7, 7] and model.calls == [5]
+
+
+def _answer_earlier_request(d: AutoDrafter) -> None:
+    """A finished request (prompt [100], output [1, ..., 8]): its output goes to the global trie."""
+    d.observe(1, [100], 0, 0)
+    d.observe(1, [100, 1, 2, 3, 4, 5, 6, 7, 8], 0, 0)
+    d.release(1)
+
+
+def test_a_global_draft_on_a_short_context_match_does_not_keep_the_turn_from_the_head() -> None:
+    """Copied from an earlier request on < MIN_GLOBAL_MATCH tokens of context, a lookup draft is
+    weak evidence (measured: accepted 0.05-0.35 tokens where the head had 0.41-0.86): the head
+    drafts instead. A longer match, or the request's own text, keeps lookup's turn; where the head
+    does not draft, the global draft is still lookup's."""
+    m = HeadLike()
+    d = AutoDrafter(model=m)
+    _answer_earlier_request(d)
+    short, long_ = [50, 2, 3], [50, 1, 2, 3, 4]  # 2 and 4 tokens of context match the earlier output
+    assert d._suffix.match(2, short, 4).from_global and d._suffix.match(3, long_, 4).from_global
+    assert d.source(2, short, 8) == "auto+counting" and d.source(3, long_, 8) == "auto"
+    a, b = d.propose([DraftRequest(2, short, 4, P), DraftRequest(3, long_, 4, P)])
+    assert a.token_ids == [7, 7, 7, 7] and b.token_ids == [5, 6, 7, 8] and m.calls == [2]
+    own = [50, 2, 3, 9, 9, 2, 3]  # the request's own (2, 3) -> 9: its own text, lookup's turn
+    assert d.source(4, own, 8) == "auto"
+    old = AutoDrafter(model=HeadLike(), min_global_match=0)  # the rule off: any draft of >= 3 tokens
+    _answer_earlier_request(old)
+    assert old.source(2, short, 8) == "auto"
+    lookup_only = AutoDrafter()  # no model: the global draft drafts
+    _answer_earlier_request(lookup_only)
+    assert lookup_only.propose([DraftRequest(2, short, 4, P)])[0].token_ids == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="min_global_match"):
+        AutoDrafter(min_global_match=-1)

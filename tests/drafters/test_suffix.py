@@ -8,7 +8,7 @@ from collections import Counter, defaultdict, deque
 import pytest
 
 from draftgate.drafters import Drafter, DraftRequest, SuffixDrafter
-from draftgate.drafters.suffix import _Node, _SuffixTrie
+from draftgate.drafters.suffix import SuffixMatch, _Node, _SuffixTrie
 from draftgate.types import SamplingParams
 
 Ctx = tuple[int, ...]
@@ -263,3 +263,14 @@ def test_long_history_keeps_few_active_suffixes() -> None:
     assert _propose(d, hist, k=5) == hist[1006:1011]
     # Plain text repeats little, so a new token touches only a handful of suffixes.
     assert len(d._reqs[0].active) <= 8
+
+
+def test_match_says_where_the_draft_came_from() -> None:
+    d = SuffixDrafter()
+    _finish(d, seq_id=1, prompt=[100, 101], output=[1, 2, 3, 4, 5, 6, 7, 8])
+    own = d.match(2, [9, 4, 5, 6, 0, 9, 4, 5], 3)  # this request's own text: (9, 4, 5) -> 6, 0, 9
+    assert (own.token_ids, own.from_global, own.depth) == ([6, 0, 9], False, 3)
+    theirs = d.match(3, [200, 201, 1, 2, 3], 4)  # only the earlier output continues (1, 2, 3)
+    assert (theirs.token_ids, theirs.from_global, theirs.depth) == ([4, 5, 6, 7], True, 3)
+    assert theirs.score == 4.0 and _propose(d, [200, 201, 1, 2, 3], k=4, seq_id=3) == [4, 5, 6, 7]
+    assert d.match(4, [300, 301], 4) == SuffixMatch([], False, 0, 0.0)

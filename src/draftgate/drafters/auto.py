@@ -26,7 +26,12 @@ and round:
    bar here (0.35 a drafted token, the head's average is ~0.3) kept backing the head off
    where its rounds paid (measured on the held-out prompts in three side-by-side sessions
    of 2 runs each, all categories: 1.43/1.40/1.30x of plain with the bar, 1.46/1.41/1.31x
-   without).
+   without);
+3. only lookup drafts with evidence count toward ``min_lookup``: the n-gram's and the
+   suffix tree's from the request's own text, and the suffix tree's from earlier requests'
+   outputs (its global trie) on a context match of at least ``min_global_match`` (4) tokens.
+   A 2-3-token match in another request's answer is a common phrase, not a quote (see
+   MIN_GLOBAL_MATCH); where the model does not draft, such a draft is still lookup's.
 
 The engine asks ``source`` before it chooses K, and keeps one controller per source
 (``auto``, ``auto+eagle``): the head's acceptance (~0.4) and cost (a millisecond a
@@ -46,7 +51,15 @@ from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.types import SamplingParams
 
-__all__ = ["AutoDrafter"]
+__all__ = ["AutoDrafter", "MIN_GLOBAL_MATCH"]
+
+# A suffix draft copied from earlier requests' outputs (the global trie) on a context match shorter
+# than this does not keep the turn from a model drafter (it still drafts where the model would not).
+# Measured (docs/BENCHMARKS.md, issue 13, twelfth session): at every output position of 4,141, such
+# drafts were accepted 0.05-0.35 tokens on average in six of eight categories, the head's
+# 0.41-0.86 at the same positions; on 4-7 tokens of context they were lookup's (open chat 0.76
+# against 0.49).
+MIN_GLOBAL_MATCH = 4
 
 
 @dataclass
@@ -59,7 +72,12 @@ class _ModelUse:
 class AutoDrafter:
     name = "auto"
 
-    def __init__(self, model: Drafter | None = None, min_lookup: int | None = None) -> None:
+    def __init__(
+        self, model: Drafter | None = None, min_lookup: int | None = None, min_global_match: int = MIN_GLOBAL_MATCH
+    ) -> None:
+        if min_global_match < 0:
+            raise ValueError(f"min_global_match must be >= 0, got {min_global_match!r}")
+        self._min_global_match = min_global_match
         self._suffix = SuffixDrafter()
         self._ngram = NgramDrafter(min_n=2)  # unigram matches are noise outside copied text
         self._model = model
@@ -71,13 +89,20 @@ class AutoDrafter:
         self._use: dict[int, _ModelUse] = {}
         self._plans: dict[int, tuple[int, bool]] = {}  # seq -> (history length, model drafts?)
 
-    def _lookup(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        a = self._suffix.propose(requests)
-        b = self._ngram.propose(requests)
-        return [x if len(x.token_ids) >= len(y.token_ids) else y for x, y in zip(a, b, strict=True)]
+    def _lookup(self, requests: Sequence[DraftRequest]) -> list[tuple[Draft, int]]:
+        """Per request: lookup's draft (the longer of the suffix tree's and the n-gram's) and how many
+        tokens lookup proposes with evidence enough to keep the turn from a model (see MIN_GLOBAL_MATCH)."""
+        out = []
+        for r, b in zip(requests, self._ngram.propose(requests), strict=True):
+            a = self._suffix.match(r.seq_id, r.tokens, r.k)
+            weak = a.from_global and a.depth < self._min_global_match
+            draft = Draft(a.token_ids) if len(a.token_ids) >= len(b.token_ids) else b
+            out.append((draft, max(len(b.token_ids), 0 if weak else len(a.token_ids))))
+        return out
 
     def _wants_model(self, lookup_len: int, k: int) -> bool:
-        """Whether the model drafts this round: lookup proposes fewer than min(min_lookup, k) tokens."""
+        """Whether the model drafts this round: lookup proposes fewer than min(min_lookup, k) tokens
+        (counting only drafts it has evidence enough for, see MIN_GLOBAL_MATCH)."""
         return k > 0 and lookup_len < min(self._min_lookup, k)
 
     def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
@@ -90,8 +115,8 @@ class AutoDrafter:
         if self._model is None:
             return self.name
         ask = min(self._min_lookup, k_max)  # enough to tell whether lookup proposes min_lookup tokens
-        d = self._lookup([DraftRequest(seq_id, tokens, ask, SamplingParams())])[0]
-        model = self._wants_model(len(d.token_ids), k_max)
+        _, strong = self._lookup([DraftRequest(seq_id, tokens, ask, SamplingParams())])[0]
+        model = self._wants_model(strong, k_max)
         self._plans[seq_id] = (len(tokens), model)
         return f"{self.name}+{self._model.name}" if model else self.name
 
@@ -100,13 +125,14 @@ class AutoDrafter:
         planned = [p if p is not None and p[0] == len(r.tokens) else None for p, r in zip(planned, requests, strict=True)]
         # Lookup drafts for this round's k: a lookup asked for more tokens may pick another match
         # (measured: reusing source()'s k_max draft cut auto's accepted tokens on code edits by 12%).
-        drafts = self._lookup(requests)
+        looked = self._lookup(requests)
+        drafts = [d for d, _ in looked]
         need = []
-        for i, (r, p, d) in enumerate(zip(requests, planned, list(drafts), strict=True)):
+        for i, (r, p, (_, strong)) in enumerate(zip(requests, planned, looked, strict=True)):
             if p is not None:
                 model = p[1]
             else:
-                model = self._model is not None and self._wants_model(len(d.token_ids), r.k)
+                model = self._model is not None and self._wants_model(strong, r.k)
             if self._model is not None:
                 self._use.setdefault(r.seq_id, _ModelUse()).last_was_model = model and r.k > 0
             if model and r.k > 0:

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from draftgate.drafters.base import Draft, DraftRequest
 
-__all__ = ["SuffixDrafter"]
+__all__ = ["SuffixDrafter", "SuffixMatch"]
 
 
 class _Node:
@@ -203,6 +204,18 @@ class _SuffixTrie:
         return tokens, score
 
 
+@dataclass(frozen=True)
+class SuffixMatch:
+    """A suffix draft and its evidence: ``from_global`` (copied from earlier requests' outputs,
+    not this request's own text), ``depth`` (tokens of context matched), ``score`` (expected
+    accepted length by the trie's counts)."""
+
+    token_ids: list[int]
+    from_global: bool
+    depth: int
+    score: float
+
+
 class _Request:
     """Per-sequence state: a private copy of the history and its trie."""
 
@@ -269,22 +282,26 @@ class SuffixDrafter:
 
     # -- internals --------------------------------------------------------
 
-    def _propose_one(self, seq_id: int, tokens: Sequence[int], k: int) -> list[int]:
+    def match(self, seq_id: int, tokens: Sequence[int], k: int) -> SuffixMatch:
+        """The draft for ``tokens`` (up to k tokens) with where it came from (see `SuffixMatch`)."""
         req = self._sync(seq_id, tokens)
         if k <= 0:
-            return []
+            return SuffixMatch([], False, 0, 0.0)
         max_ctx = max(1, self.max_depth - k)
-        best: list[int] = []
-        best_score = 0.0
+        best = SuffixMatch([], False, 0, 0.0)
         m = min(len(req.active), max_ctx)
         if m > 0:
-            best, best_score = req.trie.walk((req.active[m - 1], 0, m), k, self.min_prob)
+            toks, score = req.trie.walk((req.active[m - 1], 0, m), k, self.min_prob)
+            best = SuffixMatch(toks, False, m, score)
         cursor = self._global.longest_match(req.text, max_ctx)
         if cursor is not None:
             toks, score = self._global.walk(cursor, k, self.min_prob)
-            if score > best_score:
-                best = toks
+            if score > best.score:
+                best = SuffixMatch(toks, True, cursor[2], score)
         return best
+
+    def _propose_one(self, seq_id: int, tokens: Sequence[int], k: int) -> list[int]:
+        return self.match(seq_id, tokens, k).token_ids
 
     def _sync(self, seq_id: int, tokens: Sequence[int]) -> _Request:
         """Bring the request's trie up to ``tokens``, rebuilding if it was truncated."""
