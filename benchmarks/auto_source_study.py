@@ -38,7 +38,7 @@ from draftgate.bench.prompts import builtin_prompts_path, load_prompts
 from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.eagle import EagleDrafter, load_head
 from draftgate.drafters.ngram import NgramDrafter
-from draftgate.drafters.suffix import SuffixDrafter
+from draftgate.drafters.suffix import SuffixDrafter, SuffixMatch
 from draftgate.models.loader import load_model
 from draftgate.models.native import load_library
 from draftgate.models.runner import ForwardItem, ModelRunner
@@ -58,11 +58,11 @@ def _ngram_match(d: NgramDrafter, seq: int, tokens: list[int], k: int) -> tuple[
     return [], 0
 
 
-def _suffix_match(d: SuffixDrafter, seq: int, tokens: list[int], k: int) -> tuple[list[int], int]:
-    """The suffix draft and the length of the request's longest context match (its trie's active depth)."""
-    draft = d.propose([DraftRequest(seq, tokens, k, GREEDY)])[0].token_ids
-    req = d._reqs[seq]
-    return draft, len(req.active)
+def _suffix_match(d: SuffixDrafter, seq: int, tokens: list[int], k: int) -> tuple[SuffixMatch, int]:
+    """The suffix draft with its evidence, and the length of the request's longest context match
+    (its trie's active depth)."""
+    sm = d.match(seq, tokens, k)
+    return sm, len(d._reqs[seq].active)
 
 
 def _suffix_score(d: SuffixDrafter, seq: int, tokens: list[int], k: int) -> float:
@@ -124,7 +124,8 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                 fed = t
                 truth = hist[t + 1 : t + 1 + k]
                 nd, nn = _ngram_match(ngram, seq, tokens, k)
-                sd, sn = _suffix_match(suffix, seq, tokens, k)
+                sm, sn = _suffix_match(suffix, seq, tokens, k)
+                sd = sm.token_ids
                 look, strength = (sd, sn) if len(sd) >= len(nd) else (nd, nn)
                 hd = eagle.propose([DraftRequest(seq, tokens, k, GREEDY)])[0]
                 first = eagle._seqs[seq].last_logits  # [Vs] the head's first draft step (its confidence)
@@ -132,7 +133,6 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                 tree_hit = any(parent == _accepted(hd.token_ids, truth) and tok == truth[parent]
                                for parent, tok in hd.tree if parent < len(truth))  # fmt: skip
                 src_pos = _match_origin(tokens, look, strength)
-                sm = suffix.match(seq, tokens, k)
                 q_look = 0.0
                 if first is not None and look:
                     at = (head.vocab_ids == look[0]).nonzero()
