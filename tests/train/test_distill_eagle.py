@@ -13,7 +13,10 @@ from safetensors.torch import load_file
 
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.errors import ModelLoadError
-from draftgate.train.eagle import EagleConfig, choose_precision, train_eagle
+from draftgate.models.eagle import EagleHead, default_feature_layers
+from draftgate.models.loader import LoadedModel
+from draftgate.train.eagle import EagleConfig, _batch, _loss, choose_precision, train_eagle
+from draftgate.train.states import States
 from draftgate.types import SamplingParams
 
 WORDS = ["hello", "world", "the", "an", "is", "of", "and", *"abcdefghij", *"0123456789"]
@@ -119,9 +122,50 @@ def test_precision_auto_measures_and_explicit_choices_stand() -> None:
     assert choose_precision("auto", torch.device("cuda")) == "bf16"  # tensor cores (nothing measured)
 
 
+def test_feature_loss_regresses_each_step_onto_the_target_state_it_predicts(tiny_model: LoadedModel) -> None:
+    """The feature loss adds w x smooth L1 between step j's predicted normed state at anchor t and the
+    target's final normed hidden at row t + j (the row whose logits the step's logits match)."""
+    cfg = tiny_model.config
+    layers = default_feature_layers(cfg.num_layers)
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for n in (14, 9):
+        tokens = torch.randint(0, cfg.vocab_size, (n,), generator=g)
+        feats = torch.randn(n - 1, len(layers), cfg.hidden_size, generator=g).half()  # [n-1, nF, C]
+        top_v, top_i = torch.randn(n - 1, 4, generator=g).half(), torch.randint(0, cfg.vocab_size, (n - 1, 4), generator=g).int()
+        seqs.append(States(tokens, 3, feats, top_v, top_i))
+    vocab = torch.arange(0, cfg.vocab_size, 2)
+    sub_of = torch.full((cfg.vocab_size,), -1, dtype=torch.int64)
+    sub_of[vocab] = torch.arange(vocab.numel())
+    torch.manual_seed(0)
+    head = EagleHead(cfg, layers, vocab).attach_target(tiny_model.weights)
+    head.init_weights(tiny_model.weights)
+    head.eval()  # no feature noise: the two losses see the same forward
+    S, w = 2, 0.7
+    bt = _batch(seqs, S, 64, sub_of, 0.25, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base, withreg = _loss(head, bt, S, 0.5, 0.8), _loss(head, bt, S, 0.5, 0.8, feature_loss=w)
+        states: list[torch.Tensor] = []
+        head.rollout(bt["feats"], bt["nxt"], S, states)
+    reg, norm = 0.0, 0.0
+    for b, s in enumerate(seqs):
+        n = s.feats.shape[0]
+        for j in range(1, S + 1):
+            for t in range(n):
+                r = t + j  # the row step j at anchor t predicts
+                if r >= n:
+                    continue
+                wt = (1.0 if r >= s.start - 1 else 0.25) * 0.8 ** (j - 1) * float(sub_of[s.tokens[r + 1]] >= 0)
+                d = torch.nn.functional.smooth_l1_loss(states[j - 1][b, t], s.feats[r, -1].float())
+                reg, norm = reg + wt * float(d), norm + wt
+    assert float(withreg - base) == pytest.approx(w * reg / norm, rel=1e-4)
+
+
 def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--precision"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, precision="fp16").validate()
+    with pytest.raises(ValueError, match="--feature-loss"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, feature_loss=-1).validate()
     with pytest.raises(ValueError, match="--rollout"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, rollout=0).validate()
     with pytest.raises(ValueError, match="--vocab-subset"):

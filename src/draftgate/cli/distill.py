@@ -82,6 +82,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--weight-decay", type=float, default=0.05, help="eagle: AdamW weight decay (default: %(default)s)"
     )
     p.add_argument(
+        "--feature-loss",
+        type=float,
+        default=0.0,
+        help="eagle: weight of a smooth-L1 regression of the head's predicted state onto the target's "
+        "final normed hidden, beside KL + CE (EAGLE-1; default: %(default)s)",
+    )
+    p.add_argument(
         "--continuations",
         type=int,
         default=1,
@@ -175,7 +182,7 @@ def run(a: argparse.Namespace) -> int:
         from draftgate.train.eagle import EagleConfig, train_eagle
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
-                            feature_noise=a.feature_noise, weight_decay=a.weight_decay, continuations=a.continuations,
+                            feature_noise=a.feature_noise, feature_loss=a.feature_loss, weight_decay=a.weight_decay, continuations=a.continuations,
                             sample_temperature=a.sample_temperature, precision=a.precision,
                             device=a.device or ("cuda" if torch.cuda.is_available() else "cpu")).validate()  # fmt: skip
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)

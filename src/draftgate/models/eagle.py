@@ -210,10 +210,14 @@ class EagleHead(nn.Module):
         gate, up = self._lin("gate_up", self._rms(x, self.norm_mlp)).chunk(2, dim=-1)
         return x + self._lin("down", F.silu(gate) * up)
 
+    def normed(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., C] -> the predicted final normed hidden [..., C] (what the output rows read)."""
+        return self._rms(h, self.norm_out)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., C] -> logits over the subset [..., Vs]."""
         assert self.out_rows is not None, "attach_target first"
-        return self._lin("out", self._rms(h, self.norm_out))
+        return self._lin("out", self.normed(h))
 
     # ------------------------------------------------------------- products
 
@@ -284,14 +288,17 @@ class EagleHead(nn.Module):
 
     # -------------------------------------------------------------- training
 
-    def rollout(self, feats: torch.Tensor, nxt: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    def rollout(
+        self, feats: torch.Tensor, nxt: torch.Tensor, steps: int, states: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Training-time test over dense batches: logits [B, T, Vs] for each rollout step 1..steps.
 
         feats [B, T, nF, C]: the target's features at t; nxt [B, T + steps - 1]: the token after
         each position (x_{t+1}, ...). Step 1 at anchor t reads (g_t, x_{t+1}) and attends to steps-1
         entries at positions <= t; step j reads (its own step j-1 output, x_{t+j}) at position
         t + j - 1 and attends to the true entries <= t plus its own anchor's entries of steps
-        2..j, exactly what a drafted chain sees. Its logits predict x_{t+j+1}.
+        2..j, exactly what a drafted chain sees. Its logits predict x_{t+j+1}. ``states``, if given,
+        receives each step's predicted state as the output rows read it (``normed``, [B, T, C]).
         """
         c = self.tcfg
         B, T = feats.shape[:2]
@@ -319,6 +326,8 @@ class EagleHead(nn.Module):
                 a = a + p[..., T + i : T + i + 1] * ve
             h = self._finish(u, a)  # [B, T, C]
             out.append(self.logits(h))
+            if states is not None:
+                states.append(self.normed(h))
             g = h
         return out
 

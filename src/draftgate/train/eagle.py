@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from draftgate.models.eagle import EagleHead, default_feature_layers, target_fingerprint
@@ -59,6 +60,7 @@ class EagleConfig:
     feature_noise: float = 0.2  # Gaussian noise on the normalised features while training
     weight_decay: float = 0.05
     step_decay: float = 0.8
+    feature_loss: float = 0.0  # weight of EAGLE-1's regression of the predicted state onto the target's (smooth L1)
     max_new_tokens: int = 128
     continuations: int = 1  # per training prompt: the greedy one, then sampled ones
     sample_temperature: float = 0.8  # of the sampled continuations
@@ -86,8 +88,8 @@ class EagleConfig:
             raise ValueError("--max-new-tokens and --top-k must be >= 1, --max-len and --window >= 8")
         if self.continuations < 1 or not self.sample_temperature > 0:
             raise ValueError("--continuations must be >= 1 and --sample-temperature > 0")
-        if self.feature_noise < 0 or self.weight_decay < 0:
-            raise ValueError("--feature-noise and --weight-decay must be >= 0")
+        if self.feature_noise < 0 or self.weight_decay < 0 or self.feature_loss < 0:
+            raise ValueError("--feature-noise, --weight-decay and --feature-loss must be >= 0")
         if self.checkpoint_every < 1:
             raise ValueError("--checkpoint-every must be >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
@@ -186,7 +188,8 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
 
 def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, prompt_w: float,
            gen: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
-    """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row.
+    """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row
+    (the token, the top-k logits, and ``top``: the target's last feature, its final normed hidden).
 
     Built where the states live (``sub_of`` with them): CPU states make a CPU batch.
     """
@@ -204,6 +207,7 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
     w = torch.zeros(B, T + S, device=dev)
     tv = torch.full((B, T + S, k), float("-inf"), device=dev)
     ti = torch.zeros(B, T + S, k, dtype=torch.int64, device=dev)
+    top = torch.zeros(B, T + S, C, device=dev)  # row r's final normed hidden (the state step j at r - j predicts)
     anchors = torch.zeros(B, T, dtype=torch.bool, device=dev)  # rows that start a rollout (the window's own)
     for b, (s, (lo, hi)) in enumerate(zip(items, spans, strict=True)):
         n, m = s.feats.shape[0], hi - lo  # rows past the window's m anchors serve as later steps' targets
@@ -217,12 +221,17 @@ def _batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, p
         sub = sub_of[s.top_i[lo:end].long()]  # [r, k]
         tv[b, :r] = s.top_v[lo:end].float().masked_fill(sub < 0, float("-inf"))
         ti[b, :r] = sub.clamp(min=0)
-    return {"feats": feats, "nxt": nxt, "tgt": tgt, "w": w, "tv": tv, "ti": ti, "anchors": anchors}
+        top[b, :r] = s.feats[lo:end, -1].float()
+    return {"feats": feats, "nxt": nxt, "tgt": tgt, "w": w, "tv": tv, "ti": ti, "top": top, "anchors": anchors}
 
 
-def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, decay: float) -> torch.Tensor:
+def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, decay: float,
+          feature_loss: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """Weighted mean over anchors and steps of KL + CE, plus ``feature_loss`` x smooth L1 of the predicted
+    final normed hidden against the target's (EAGLE-1's regression: C numbers a row, not k logits)."""
     T = bt["feats"].shape[1]
-    outs = head.rollout(bt["feats"], bt["nxt"], S)  # S x [B, T, Vs]
+    states: list[torch.Tensor] | None = [] if feature_loss > 0 else None
+    outs = head.rollout(bt["feats"], bt["nxt"], S, states)  # S x [B, T, Vs]
     total, norm = bt["feats"].new_zeros(()), 0.0
     for j, logits in enumerate(outs, start=1):
         rows = slice(j, j + T)  # step j at anchor t predicts row t + j's token
@@ -230,6 +239,9 @@ def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, de
         w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
         wj = w * (tgt >= 0) * decay ** (j - 1)
         total = total + (kl_ce_mix(logits.float(), tv, ti, tgt, alpha) * wj).sum()  # [B, T] weighted (float32 under autocast)
+        if states is not None:
+            reg = F.smooth_l1_loss(states[j - 1].float(), bt["top"][:, rows], reduction="none").mean(-1)  # [B, T]
+            total = total + feature_loss * (reg * wj).sum()
         norm += float(wj.sum())
     return total / max(norm, 1e-6)
 
@@ -330,7 +342,7 @@ def train_head(
         "target_source": cfg.target,
         "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
-                    "feature_noise": cfg.feature_noise, "weight_decay": cfg.weight_decay,
+                    "feature_noise": cfg.feature_noise, "feature_loss": cfg.feature_loss, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
                     "sample_temperature": cfg.sample_temperature, "precision": precision, "device": device.type},
     }  # fmt: skip
@@ -357,7 +369,7 @@ def train_head(
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"), warnings.catch_warnings():
             # bf16 activations into float32 RMS-norm weights take torch's unfused norm: same math, nothing to report
             warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
-            objective = _loss(head, bt, S, cfg.alpha, cfg.step_decay)
+            objective = _loss(head, bt, S, cfg.alpha, cfg.step_decay, cfg.feature_loss)
         loss = optimizer_step(objective, head.parameters(), opt, sched)
         step += 1
         losses.append(round(loss, 4))
