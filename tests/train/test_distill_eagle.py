@@ -161,9 +161,29 @@ def test_feature_loss_regresses_each_step_onto_the_target_state_it_predicts(tiny
     assert float(withreg - base) == pytest.approx(w * reg / norm, rel=1e-4)
 
 
+def test_max_minutes_leaves_training_its_share_and_a_cut_data_set_is_not_reused_without_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    rng = random.Random(1)
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps({"prompt": " ".join(rng.choices(WORDS, k=4))}) + "\n" for _ in range(40)))
+    out, logs = tmp_path / "head", []
+    # a budget spent at once: one batch of prompts (32 on the CPU) starts, the rest never do
+    rep = train_eagle(_cfg(tiny_model_dir, data, out, max_minutes=1e-4), progress=False, log=logs.append)
+    assert any("data budget reached" in m and "32 of 40 train sequences" in m for m in logs)
+    assert rep.examples == 32 and rep.steps == 0 and (out / "head.json").is_file()
+    assert json.loads((out / "head.json").read_text())["trained"]["data_share"] == 0.5
+    again = train_eagle(_cfg(tiny_model_dir, data, out, max_minutes=1e-4), progress=False, log=logs.append)
+    assert again.examples == 32  # a budgeted rerun reuses the cut set
+    whole = train_eagle(_cfg(tiny_model_dir, data, out, steps=2), progress=False, log=logs.append)
+    assert whole.examples == 40 and whole.steps == 2  # without a budget the whole set is generated
+
+
 def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--precision"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, precision="fp16").validate()
+    with pytest.raises(ValueError, match="--data-share"):
+        EagleConfig(target="x", data=tmp_path, out=tmp_path, data_share=0).validate()
     with pytest.raises(ValueError, match="--feature-loss"):
         EagleConfig(target="x", data=tmp_path, out=tmp_path, feature_loss=-1).validate()
     with pytest.raises(ValueError, match="--rollout"):

@@ -57,6 +57,31 @@ def test_sampled_continuations_are_more_of_the_targets_text_and_seeded(tiny_mode
     assert any(x.tokens.tolist() != y.tokens.tolist() for x, y in zip(a[1::3], a[::3], strict=True))
 
 
+def test_a_deadline_stops_new_sequences_and_keeps_a_random_sample_in_order(tiny_model: LoadedModel) -> None:
+    """Past the deadline no sequence starts (after a first batch); the finished ones come back whole,
+    in file order, drawn from a seeded shuffle rather than the first prompts; ``tally`` counts them."""
+    recs = _records()
+    kw = dict(top_k=5, max_new_tokens=12, max_len=96, batch=3, chunk=4, progress=False)
+    whole = generate_states(tiny_model, recs, LAYERS, **kw)  # type: ignore[arg-type]
+    by_prompt = {tuple(s.tokens.tolist()): s for s in whole}
+    picked = []
+    for seed in (0, 1, 2):
+        tally: dict[str, int] = {}
+        cut = generate_states(tiny_model, recs, LAYERS, seed=seed, deadline=0.0, tally=tally, **kw)  # type: ignore[arg-type]
+        # one batch, then the deadline (a text record is done on admission and frees its place at once)
+        assert tally["requested"] == len(recs) and 3 <= tally["generated"] == len(cut) < len(recs)
+        keys = [tuple(s.tokens.tolist()) for s in cut]
+        for k, s in zip(keys, cut, strict=True):  # each one as the whole run made it
+            assert torch.equal(s.feats, by_prompt[k].feats) and torch.equal(s.top_i, by_prompt[k].top_i)
+        idx = [list(by_prompt).index(k) for k in keys]
+        assert idx == sorted(idx)  # file order
+        picked.append(idx)
+    assert any(p != [0, 1, 2] for p in picked) and len({tuple(p) for p in picked}) > 1  # shuffled by the seed
+    tally = {}
+    assert len(generate_states(tiny_model, recs, LAYERS, deadline=float("inf"), tally=tally, **kw)) == len(recs)  # type: ignore[arg-type]
+    assert tally == {"requested": len(recs), "generated": len(recs)}
+
+
 def test_sample_rows_draws_each_rows_softmax() -> None:
     logits = torch.tensor([[0.0, 1.0, 2.0, -30.0], [3.0, 0.0, 0.0, 0.0]])  # [2, 4]
     t, n = 0.8, 20000

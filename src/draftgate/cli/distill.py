@@ -164,6 +164,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--max-minutes", type=float, default=None, help="stop training after this much wall time in all"
     )
+    p.add_argument(
+        "--data-share",
+        type=float,
+        default=0.5,
+        help="eagle, with --max-minutes: the most of it spent generating training data; past it no new "
+        "prompt starts and the rest of the time trains on what was generated (default: %(default)s)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
     p.set_defaults(func=run)
@@ -182,7 +189,7 @@ def run(a: argparse.Namespace) -> int:
         from draftgate.train.eagle import EagleConfig, train_eagle
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
-                            feature_noise=a.feature_noise, feature_loss=a.feature_loss, weight_decay=a.weight_decay, continuations=a.continuations,
+                            feature_noise=a.feature_noise, feature_loss=a.feature_loss, data_share=a.data_share, weight_decay=a.weight_decay, continuations=a.continuations,
                             sample_temperature=a.sample_temperature, precision=a.precision,
                             device=a.device or ("cuda" if torch.cuda.is_available() else "cpu")).validate()  # fmt: skip
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)

@@ -70,6 +70,7 @@ class EagleConfig:
     seed: int = 0
     checkpoint_every: int = 50
     max_minutes: float | None = None
+    data_share: float = 0.5  # of --max-minutes, at most, for generating the training data (the rest trains)
     resume: bool = False
     eval_fraction: float = 0.05
     precision: str = "auto"  # of the training products: fp32, bf16 (autocast), auto (bf16 where measured faster)
@@ -94,6 +95,8 @@ class EagleConfig:
             raise ValueError("--checkpoint-every must be >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError("--max-minutes must be > 0")
+        if not 0 < self.data_share <= 1:
+            raise ValueError(f"--data-share must be in (0, 1], got {self.data_share}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         try:
@@ -161,8 +164,12 @@ class EagleReport:
 
 
 def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...], layers: Sequence[int], progress: bool,
-            label: str) -> list[States]:  # fmt: skip
-    """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings."""
+            label: str, deadline: float | None = None, log: Callable[[str], None] = print) -> list[States]:  # fmt: skip
+    """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings.
+
+    ``deadline``: stop starting sequences then (``generate_states``). A set cut short is cached as
+    such and reused only by a run that has a time budget too; a run without one generates it whole.
+    """
     n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
     sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
     on_gpu = torch.device(cfg.device).type == "cuda"
@@ -172,17 +179,23 @@ def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...]
     cache = cfg.out / f"states-{label}.pt"
     if cache.is_file():
         got = torch.load(cache, weights_only=False)
-        if got.get("key") == key:
+        if got.get("key") == key and (got.get("complete", True) or deadline is not None):
             return got["states"]
+    tally: dict[str, int] = {}
     states = generate_states(
         target, read_records(path), layers, cfg.top_k, cfg.max_new_tokens, cfg.max_len, continuations=n,
         temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress, device=cfg.device,
         batch=256 if on_gpu else 32,  # a GPU step costs about the same for 32 rows or 256
+        deadline=deadline, tally=tally,
     )  # fmt: skip
+    complete = tally["generated"] == tally["requested"]
+    if not complete:
+        log(f"data budget reached ({cfg.data_share:.0%} of --max-minutes {cfg.max_minutes}): {tally['generated']} of "
+            f"{tally['requested']} {label} sequences generated, a random sample of the data; the rest of the time trains")  # fmt: skip
     if len(states) < 1:
         raise ValueError(f"{data_names(path)}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
     cfg.out.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": key, "states": states}, cache)
+    torch.save({"key": key, "states": states, "complete": complete}, cache)
     return states
 
 
@@ -275,9 +288,10 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     target = load_model(cfg.target)
     tcfg = target.config
     layers = default_feature_layers(tcfg.num_layers)
-    states = _states(cfg, target, cfg.data, layers, progress, "train")
+    deadline = None if cfg.max_minutes is None else t0 + cfg.data_share * cfg.max_minutes * 60
+    states = _states(cfg, target, cfg.data, layers, progress, "train", deadline, log)
     if cfg.eval_data is not None:
-        train_s, eval_s = states, _states(cfg, target, cfg.eval_data, layers, progress, "eval")
+        train_s, eval_s = states, _states(cfg, target, cfg.eval_data, layers, progress, "eval", log=log)
     else:
         order = torch.randperm(len(states), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         n_eval = max(1, int(round(len(states) * cfg.eval_fraction)))
@@ -342,7 +356,7 @@ def train_head(
         "target_source": cfg.target,
         "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
-                    "feature_noise": cfg.feature_noise, "feature_loss": cfg.feature_loss, "weight_decay": cfg.weight_decay,
+                    "feature_noise": cfg.feature_noise, "feature_loss": cfg.feature_loss, "data_share": cfg.data_share, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
                     "sample_temperature": cfg.sample_temperature, "precision": precision, "device": device.type},
     }  # fmt: skip

@@ -20,6 +20,7 @@ the CPU in one copy each; what is returned always lives on the CPU.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,21 +81,33 @@ def generate_states(
     chunk: int = 256,
     progress: bool = True,
     device: str | torch.device = "cpu",
+    deadline: float | None = None,
+    tally: dict[str, int] | None = None,
 ) -> list[States]:
-    """Per usable record (prompts: ``continuations`` each; texts: one), its ``States``, in order (on the CPU)."""
+    """Per usable record (prompts: ``continuations`` each; texts: one), its ``States``, in order (on the CPU).
+
+    ``deadline`` (a ``time.perf_counter()`` value): no sequence starts after it; the ones under way
+    finish, and only the finished ones are returned (still in order). With a deadline the
+    sequences are started in a seeded random order, so a cut-short set is a sample of every file,
+    not the first file's prompts. ``tally`` receives ``requested`` and ``generated`` counts.
+    """
     tok, cfg = target.tokenizer, target.config
     limit = min(max_len, cfg.max_position_embeddings)
     eos = set(cfg.eos_token_ids)
-    todo: deque[tuple[list[int], int, bool]] = deque()  # (prompt ids, tokens to generate, greedy)
+    work: list[tuple[list[int], int, bool]] = []  # (prompt ids, tokens to generate, greedy)
     for r in records:
         if r.text is not None:
             ids = tok.encode(r.text)[:limit]
             if len(ids) >= 2:
-                todo.append((ids, 0, True))
+                work.append((ids, 0, True))
         else:
             ids = tok.encode_chat(list(r.messages))
             if len(ids) + max_new_tokens <= limit:
-                todo.extend((ids, max_new_tokens, c == 0) for c in range(continuations))
+                work.extend((ids, max_new_tokens, c == 0) for c in range(continuations))
+    order = list(range(len(work)))
+    if deadline is not None:  # a cut-short set samples every file
+        order = torch.randperm(len(work), generator=torch.Generator().manual_seed(seed)).tolist()
+    todo = deque((i, *work[i]) for i in order)  # (output slot, ids, tokens to generate, greedy)
     out: list[States | None] = [None] * len(todo)
     runner = ModelRunner(target, device, num_blocks=batch * ((limit + 15) // 16 + 1) + 8, enable_prefix_cache=False)
     gen = torch.Generator().manual_seed(seed)
@@ -148,13 +161,12 @@ def generate_states(
         if s.left == 0 or s.tokens[-1] in eos:
             finish(sid)
 
-    index = 0
     try:
         while todo or live:
+            if deadline is not None and todo and len(todo) < len(out) and time.perf_counter() >= deadline:
+                todo.clear()  # the data budget is spent (after a first batch at least): finish what is under way
             while todo and len(live) < batch:
-                ids, n_new, greedy = todo.popleft()
-                admit(index, ids, n_new, greedy)
-                index += 1
+                admit(*todo.popleft())
             if not live:
                 continue
             seqs = list(live.values())
@@ -173,4 +185,7 @@ def generate_states(
         bar.close()
         for sid in list(live):
             runner.free(sid)
-    return [s for s in out if s is not None]
+    done = [s for s in out if s is not None]
+    if tally is not None:
+        tally.update(requested=len(out), generated=len(done))
+    return done
