@@ -325,9 +325,10 @@ class EagleHead(nn.Module):
             for i, (_, ve) in enumerate(extra):
                 a = a + p[..., T + i : T + i + 1] * ve
             h = self._finish(u, a)  # [B, T, C]
-            out.append(self.logits(h))
+            n = self.normed(h)  # [B, T, C] what the output rows read
+            out.append(self._lin("out", n))  # [B, T, Vs]
             if states is not None:
-                states.append(self.normed(h))
+                states.append(n)
             g = h
         return out
 
