@@ -15,7 +15,14 @@ from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.errors import ModelLoadError
 from draftgate.models.eagle import EagleHead, default_feature_layers
 from draftgate.models.loader import LoadedModel
-from draftgate.train.eagle import EagleConfig, _batch, _loss, choose_precision, train_eagle
+from draftgate.train.eagle import (
+    EagleConfig,
+    _batch,
+    _loss,
+    choose_precision,
+    fit_steps,
+    train_eagle,
+)
 from draftgate.train.states import States
 from draftgate.types import SamplingParams
 
@@ -177,6 +184,51 @@ def test_max_minutes_leaves_training_its_share_and_a_cut_data_set_is_not_reused_
     assert again.examples == 32  # a budgeted rerun reuses the cut set
     whole = train_eagle(_cfg(tiny_model_dir, data, out, steps=2), progress=False, log=logs.append)
     assert whole.examples == 40 and whole.steps == 2  # without a budget the whole set is generated
+
+
+def test_fit_steps_counts_both_phases_the_evals_and_a_margin(tmp_path: Path) -> None:
+    cfg = EagleConfig(target="x", data=tmp_path, out=tmp_path, steps=1000, rollout=2, rollout_warmup=0.85, checkpoint_every=50)
+    # a step: 0.85 x 1 s + 0.15 x 2 s + 5 s / 50 = 1.25 s; room: 0.93 x 1000 s - 2 final evals x 5 s = 920 s
+    assert fit_steps(cfg, 1000.0, 1.0, 2.0, 5.0) == 736
+    assert fit_steps(cfg, 1e6, 1.0, 2.0, 5.0) == 1000  # never more than --steps
+    assert fit_steps(cfg, 5.0, 1.0, 2.0, 5.0) == 0
+    one = replace(cfg, rollout=1)  # no rollout phase: every step costs t_one
+    assert fit_steps(one, 1000.0, 1.0, 99.0, 5.0) == int((930 - 5) / 1.1)
+
+
+def test_a_time_budget_lays_the_schedule_over_the_steps_that_fit_and_a_resume_keeps_them(
+    tiny_model_dir: Path, data_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import draftgate.train.eagle as mod
+
+    # Steps priced at 0.5 s and 1 s (the tiny model's real ones take milliseconds): a 20-second budget fits
+    # about 30 of --steps 200, and the run, far faster than priced, ends on its plan, not on the deadline.
+    monkeypatch.setattr(mod, "_step_seconds", lambda *a, **kw: (0.5, 1.0))
+    rollouts: list[int] = []
+    real_loss = mod._loss
+
+    def counting(head: EagleHead, bt: dict, S: int, *a: object) -> torch.Tensor:
+        rollouts.append(S)
+        if len(rollouts) == 23 and crash[0]:
+            raise KeyboardInterrupt
+        return real_loss(head, bt, S, *a)  # type: ignore[arg-type]
+
+    crash = [True]
+    monkeypatch.setattr(mod, "_loss", counting)
+    out, logs = tmp_path / "head", []
+    cfg = _cfg(tiny_model_dir, data_file, out, steps=200, max_minutes=20 / 60)
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle(cfg, progress=False, log=logs.append)
+    planned = torch.load(out / "checkpoint.pt", weights_only=False)["planned"]
+    assert 20 < planned < 40 and any(f"laid out over {planned}" in m for m in logs)
+    crash[0] = False
+    monkeypatch.setattr(mod, "_step_seconds", lambda *a, **kw: pytest.fail("a resume re-measured the steps"))
+    rep = train_eagle(replace(cfg, resume=True), progress=False, log=logs.append)
+    assert rep.steps == planned and not any("reached" in m for m in logs)  # the plan ended the run
+    assert json.loads((out / "head.json").read_text())["trained"]["schedule_steps"] == planned
+    ck = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert ck["opt"]["param_groups"][0]["lr"] == pytest.approx(0.1 * cfg.lr, rel=1e-3)  # the rate decayed in full
+    assert rollouts[-1] == cfg.rollout and rollouts.count(1) > rollouts.count(cfg.rollout) > 0  # both phases ran
 
 
 def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:

@@ -162,7 +162,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--checkpoint-every", type=int, default=50, help="steps between checkpoints (default: %(default)s)"
     )
     p.add_argument(
-        "--max-minutes", type=float, default=None, help="stop training after this much wall time in all"
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop training after this much wall time in all (data included); eagle: after timing a step, "
+        "lays the learning rate and the rollout phase over the steps that fit, at most --steps",
     )
     p.add_argument(
         "--data-share",

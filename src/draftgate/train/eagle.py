@@ -10,7 +10,8 @@ learns several times faster per second, then the whole rollout):
 ``alpha * KL(p || q) + (1 - alpha) * CE`` on the token after the step's, p the target's top-k
 restricted to the head's vocabulary subset, weighted 1 on generated positions and
 ``prompt_weight`` on the prompt, and ``step_decay ** (j - 1)`` per step. Seeded, checkpointed
-(resume continues bit-for-bit the same run), bounded by ``max_minutes``, with the held-out
+(resume continues bit-for-bit the same run), bounded by ``max_minutes`` (the schedule laid over the
+steps that fit, ``fit_steps``), with the held-out
 agreement (the head's greedy token = the target's, one step from the target's features) at each
 checkpoint. The output folder (head.json, head.safetensors) loads as ``--drafter eagle --draft-head DIR``.
 ``device`` cuda generates the data on the GPU (PyTorch's forward) and trains there; the head starts
@@ -37,7 +38,7 @@ from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_
 from draftgate.train.distill import jsonable, kl_ce_mix, optimizer_step, warmup_cosine
 from draftgate.train.states import States, generate_states
 
-__all__ = ["EagleConfig", "EagleReport", "train_eagle", "train_head", "head_agreement", "choose_precision"]
+__all__ = ["EagleConfig", "EagleReport", "train_eagle", "train_head", "head_agreement", "choose_precision", "fit_steps"]
 
 
 PRECISIONS = ("auto", "fp32", "bf16")  # --precision
@@ -259,6 +260,54 @@ def _loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, de
     return total / max(norm, 1e-6)
 
 
+def _objective(head: EagleHead, train_s: Sequence[States], cfg: EagleConfig, S: int, sub_of: torch.Tensor,
+               precision: str, device: torch.device, gen: torch.Generator) -> torch.Tensor:  # fmt: skip
+    """One training batch drawn from ``gen`` and its loss over S rollout steps (bf16 products under autocast)."""
+    pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
+    bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
+    bt = {k: v.to(device, non_blocking=True) for k, v in bt.items()}
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"), warnings.catch_warnings():
+        # bf16 activations into float32 RMS-norm weights take torch's unfused norm: same math, nothing to report
+        warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+        return _loss(head, bt, S, cfg.alpha, cfg.step_decay, cfg.feature_loss)
+
+
+def _step_seconds(head: EagleHead, train_s: Sequence[States], cfg: EagleConfig, sub_of: torch.Tensor,
+                  precision: str, device: torch.device) -> tuple[float, float]:  # fmt: skip
+    """Seconds of a training step on the first draft step alone and on the whole rollout: a forward and
+    backward of each on probe batches after one to warm up. No update; the run's random streams untouched."""
+    gen = torch.Generator().manual_seed(cfg.seed + 2)  # not the run's batch stream
+    rng = torch.random.get_rng_state()  # the feature noise draws from it
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    took: dict[int, float] = {}
+    for S in (cfg.rollout, 1, cfg.rollout):  # the first one warms up (packing, allocations) and is overwritten
+        t = time.perf_counter()
+        _objective(head, train_s, cfg, S, sub_of, precision, device, gen).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        took[S] = time.perf_counter() - t
+    head.zero_grad(set_to_none=True)
+    torch.random.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+    return took[1], took[cfg.rollout]
+
+
+def fit_steps(cfg: EagleConfig, left: float, t_one: float, t_roll: float, t_eval: float, margin: float = 0.93) -> int:
+    """The most steps, at most ``cfg.steps``, whose schedule fits ``margin`` of ``left`` seconds.
+
+    A step costs ``t_one`` seconds in the first ``rollout_warmup`` share of the schedule and ``t_roll``
+    after it; every ``checkpoint_every`` steps a held-out agreement (``t_eval``) runs, and at the end one
+    per rollout step. Fitting the schedule, not only stopping at the deadline, lets a run cut by time
+    still decay its learning rate and reach the rollout phase. The margin covers the update, the
+    checkpoints and the noise of one timing.
+    """
+    w = cfg.rollout_warmup if cfg.rollout > 1 else 1.0
+    per_step = w * t_one + (1 - w) * t_roll + t_eval / cfg.checkpoint_every
+    room = margin * left - cfg.rollout * t_eval
+    return max(0, min(cfg.steps, int(room / max(per_step, 1e-9))))
+
+
 @torch.no_grad()
 def head_agreement(head: EagleHead, states: Sequence[States], steps: int = 1) -> list[float]:
     """Per rollout step: share of generated positions where the head's greedy token is the target's."""
@@ -327,7 +376,6 @@ def train_head(
     head = head.to(device).attach_target(target.weights)
     head.feature_noise = cfg.feature_noise
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = warmup_cosine(opt, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, evals = 0, [], []
     ckpt = cfg.out / "checkpoint.pt"
@@ -336,6 +384,25 @@ def train_head(
     precision = st.get("precision", "fp32") if st is not None else choose_precision(cfg.precision, device)
     if st is not None and cfg.precision not in ("auto", precision):
         raise ValueError(f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}")
+    # The steps the learning rate and the rollout phase are laid out over: --steps, or under --max-minutes
+    # as many as the time left fits (measured once, kept by a resume).
+    planned, before = cfg.steps, None
+    if st is not None:
+        planned = st.get("planned", cfg.steps)
+    elif cfg.max_minutes is not None and time.perf_counter() - t0 >= cfg.max_minutes * 60:
+        planned = 0  # the data took the whole budget
+    elif cfg.max_minutes is not None and cfg.steps > 0:
+        t = time.perf_counter()
+        before = head_agreement(head, eval_s)[0]
+        t_eval = time.perf_counter() - t
+        t_one, t_roll = _step_seconds(head, train_s, cfg, sub_of, precision, device)
+        left = t0 + cfg.max_minutes * 60 - time.perf_counter()
+        planned = fit_steps(cfg, left, t_one, t_roll, t_eval)
+        if planned < cfg.steps:
+            log(f"--max-minutes {cfg.max_minutes}: {left:.0f} s left for training fits {planned} of --steps {cfg.steps} "
+                f"({t_one:.2f} s a first-step step, {t_roll:.2f} s a rollout step); the learning rate and the "
+                f"rollout phase are laid out over {planned}")  # fmt: skip
+    sched = warmup_cosine(opt, planned)
     if st is not None:
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
@@ -346,7 +413,8 @@ def train_head(
             torch.cuda.set_rng_state(st["cuda_rng"], device)
         step, losses, evals = st["step"], st["losses"], st["evals"]
         log(f"resumed from {ckpt} at step {step}")
-    before = evals[0][1] if evals else head_agreement(head, eval_s)[0]  # evals[0]: step 0
+    if before is None:
+        before = evals[0][1] if evals else head_agreement(head, eval_s)[0]  # evals[0]: step 0
     if not evals:
         evals.append((0, round(before, 4)))
     log(f"{len(train_s)} train / {len(eval_s)} eval sequences; feature layers {list(layers)}; vocab subset "
@@ -354,7 +422,8 @@ def train_head(
     meta = {
         "target": target_fingerprint(tcfg, target.weights),
         "target_source": cfg.target,
-        "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "batch": cfg.batch,
+        "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "schedule_steps": planned,
+                    "batch": cfg.batch,
                     "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
                     "feature_noise": cfg.feature_noise, "feature_loss": cfg.feature_loss, "data_share": cfg.data_share, "weight_decay": cfg.weight_decay,
                     "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
@@ -365,25 +434,19 @@ def train_head(
         cfg.out.mkdir(parents=True, exist_ok=True)
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                     "gen": gen.get_state(), "rng": torch.random.get_rng_state(), "step": step, "losses": losses,
-                    "evals": evals, "precision": precision,
+                    "evals": evals, "precision": precision, "planned": planned,
                     "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}, ckpt)  # fmt: skip
         head.save(cfg.out, meta)
 
     t1 = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, desc="eagle head", unit="step", disable=not progress)
+    bar = tqdm(total=planned, initial=step, desc="eagle head", unit="step", disable=not progress)
     head.train()
-    while step < cfg.steps:
+    while step < planned:
         if cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60:
             log(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached")
             break
-        S = 1 if step < cfg.rollout_warmup * cfg.steps else cfg.rollout  # one step learns fastest; then the rollout
-        pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
-        bt = _batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)
-        bt = {k: v.to(device, non_blocking=True) for k, v in bt.items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"), warnings.catch_warnings():
-            # bf16 activations into float32 RMS-norm weights take torch's unfused norm: same math, nothing to report
-            warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
-            objective = _loss(head, bt, S, cfg.alpha, cfg.step_decay, cfg.feature_loss)
+        S = 1 if step < cfg.rollout_warmup * planned else cfg.rollout  # one step learns fastest; then the rollout
+        objective = _objective(head, train_s, cfg, S, sub_of, precision, device, gen)
         loss = optimizer_step(objective, head.parameters(), opt, sched)
         step += 1
         losses.append(round(loss, 4))
