@@ -387,10 +387,11 @@ def train_head(
     if st is not None and cfg.precision not in ("auto", precision):
         raise ValueError(f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}")
     # The steps the learning rate and the rollout phase are laid out over: --steps, or under --max-minutes
-    # as many as the time left fits (measured once, kept by a resume).
-    planned, before = cfg.steps, None
+    # as many as the time left fits (measured once, kept by a resume; --steps is the resume's own otherwise).
+    planned, fitted, before = cfg.steps, False, None
     if st is not None:
-        planned = st.get("planned", cfg.steps)
+        fitted = st.get("fitted", False)
+        planned = st["planned"] if fitted else cfg.steps
     elif cfg.max_minutes is not None and time.perf_counter() - t0 >= cfg.max_minutes * 60:
         planned = 0  # the data took the whole budget
     elif cfg.max_minutes is not None and cfg.steps > 0:
@@ -400,7 +401,8 @@ def train_head(
         t_one, t_roll = _step_seconds(head, train_s, cfg, sub_of, precision, device)
         left = t0 + cfg.max_minutes * 60 - time.perf_counter()
         planned = fit_steps(cfg, left, t_one, t_roll, t_eval)
-        if planned < cfg.steps:
+        fitted = planned < cfg.steps
+        if fitted:
             log(f"--max-minutes {cfg.max_minutes}: {left:.0f} s left for training fits {planned} of --steps {cfg.steps} "
                 f"({t_one:.2f} s a first-step step, {t_roll:.2f} s a rollout step); the learning rate and the "
                 f"rollout phase are laid out over {planned}")  # fmt: skip
@@ -436,7 +438,7 @@ def train_head(
         cfg.out.mkdir(parents=True, exist_ok=True)
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                     "gen": gen.get_state(), "rng": torch.random.get_rng_state(), "step": step, "losses": losses,
-                    "evals": evals, "precision": precision, "planned": planned,
+                    "evals": evals, "precision": precision, "planned": planned, "fitted": fitted,
                     "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}, ckpt)  # fmt: skip
         head.save(cfg.out, meta)
 
