@@ -32,7 +32,7 @@ FORBIDDEN = {("bench", "train"), ("train", "bench"), ("bench", "server"), ("trai
              ("server", "train"), ("drafters", "modelinfo"), ("modelinfo", "drafters"), ("kv", "sampling"),
              ("sampling", "kv")}  # fmt: skip
 # What the serving layer may use of the engine: its public surface, never its internals.
-ENGINE_INTERNALS = {"draftgate.engine.controller", "draftgate.engine.step", "draftgate.engine.sequence"}
+ENGINE_INTERNALS = {"draftgate.engine.controller", "draftgate.engine.costs", "draftgate.engine.step", "draftgate.engine.sequence"}
 MATH = ("draftgate.sampling", "draftgate.verify")
 
 

@@ -1,7 +1,7 @@
 """Requests, continuous batching, the speculative step, adaptive K, and the round-target seam."""
 
 from draftgate.engine.config import DrafterKind, EngineConfig
-from draftgate.engine.controller import CostModel
+from draftgate.engine.costs import CostModel
 from draftgate.engine.engine import Chunk, Completion, Engine
 from draftgate.engine.factory import build_engine
 from draftgate.engine.local_target import LocalTarget

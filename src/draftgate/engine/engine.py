@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from draftgate.drafters.base import Draft, Drafter
-from draftgate.engine.controller import AcceptancePool, CostModel, GoodputController
+from draftgate.engine.controller import AcceptancePool, GoodputController
+from draftgate.engine.costs import CostModel
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import IncrementalText, PositionRandom, SequenceState, StopChecker
