@@ -53,14 +53,15 @@ def main() -> None:
         for s, c in zip(states, cats, strict=True):
             groups[f"{path.stem}:{c}"].append(s)
     heads = {str(h): EagleHead.load(h, target.config, target.weights) for h in a.heads}
-    subsets = {name: set(head.vocab_ids.tolist()) for name, head in heads.items()}
+    subsets: dict[str, set[int]] = {}  # head -> its vocabulary subset (--full-vocab: the coverage column)
     if a.full_vocab:
+        subsets = {name: set(head.vocab_ids.tolist()) for name, head in heads.items()}
         for h in a.heads:
             full = EagleHead.load(h, target.config, target.weights)
             full.vocab_ids = torch.arange(target.config.vocab_size)  # [V] every row of the target
             heads[f"{h} (full vocab)"] = full.attach_target(target.weights)
     table = {}
-    cols = [*heads, *(f"{h}: subset coverage" for h in subsets if a.full_vocab)]
+    cols = [*heads, *(f"{h}: subset coverage" for h in subsets)]
     print("| set | tokens | " + " | ".join(cols) + " |")
     print("|---|---:|" + "---|" * len(cols))
     for name, states in sorted(groups.items()):
@@ -69,7 +70,7 @@ def main() -> None:
             row = {h: head_agreement(head, states, a.steps) for h, head in heads.items()}
         table[name] = {"tokens": tokens, **row}
         cells = " | ".join(" / ".join(f"{x:.3f}" for x in row[h]) for h in heads)
-        if a.full_vocab:
+        if subsets:
             generated = [t for s in states for t in s.tokens[s.start :].tolist()]  # the target's tokens
             cover = {h: sum(t in ids for t in generated) / max(1, len(generated)) for h, ids in subsets.items()}
             table[name]["subset_coverage"] = cover

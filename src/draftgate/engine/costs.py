@@ -27,17 +27,18 @@ PRIOR_SLOPE: Final = 0.25  # cold-start prior: forward_time(n) = 1 + 0.25 * (n -
 # other sizes can price the machine as it was. Measured: plain decoding's price kept from a slow
 # minute (42.8 ms) against 2-row rounds timed since (31-37 ms) made every round of a request whose
 # drafts were never accepted draft K = 1 (83 rounds, 1 token accepted). With a fresh window plain
-# has few timings, so down-probes come every DOWN_PROBE_EVERY_FEW forwards until it has
-# FEW_PLAIN_TIMINGS again; a timing that agrees with the stale median joins it as usual (no extra
-# down-probes where the machine has not moved).
+# has few timings, so the controller's down-probes (engine.controller: DOWN_PROBE_EVERY_FEW,
+# FEW_PLAIN_TIMINGS) come often until it has enough again; a timing that agrees with the stale
+# median joins it as usual (no extra down-probes where the machine has not moved).
 STALE_AFTER: Final = 64
 STALE_SHIFT: Final = 0.2
-# A probe refused for its catch-up (engine.controller, FEW_CATCH_UPS) goes ahead too once the drafter's catch-up price is older than this many forwards (of any
-# request), a retry at most this often engine-wide: a price taken while the machine was slow (a
-# stalled minute) otherwise refused every probe for good, since only a probe's catch-up re-times it
-# (measured: in a 5-arm bench, auto without a head drafted nothing in the 52 requests after one
-# stalled request). A retry whose timing is more than STALE_SHIFT off the window's price starts
-# the window again from it (then FEW_CATCH_UPS lets the next probes measure), as forwards do.
+# A probe the controller would refuse for its catch-up price (engine.controller: FEW_CATCH_UPS)
+# goes ahead once that price is older than this many forwards (of any request), a retry at most
+# this often engine-wide: a price taken while the machine was slow (a stalled minute) otherwise
+# refused every probe for good, since only a probe's catch-up re-times it (measured: in a 5-arm
+# bench, auto without a head drafted nothing in the 52 requests after one stalled request). A retry
+# whose timing is more than STALE_SHIFT off the window's price starts the window again from it
+# (then FEW_CATCH_UPS lets the next probes measure), as forwards do.
 CATCH_UP_RETRY: Final = 512
 # Drafted rounds over which a drafter's mean extra (draft tree) rows are taken.
 BRANCH_WINDOW: Final = 64
