@@ -132,6 +132,7 @@ class TargetWorkerServer:
             self._loop.run_until_complete(boot())
             if not failure:
                 self._loop.run_forever()
+            self._drain()
             self._loop.close()
             self._stopped.set()
 
@@ -143,6 +144,22 @@ class TargetWorkerServer:
             self.host.shutdown()
             raise failure[0]
         return self
+
+    def _drain(self) -> None:
+        """Let the tasks the stopped server left behind end before the loop closes (on its thread).
+
+        grpc.aio wraps each call in a task that finishes an iteration after its handler; closing the
+        loop at once left it pending ("Task was destroyed but it is pending" at exit, now and then).
+        A task still running after a second is cancelled, as ``asyncio.run`` does.
+        """
+        pending = asyncio.all_tasks(self._loop)
+        if pending:
+            _, late = self._loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            for t in late:
+                t.cancel()
+            if late:
+                self._loop.run_until_complete(asyncio.gather(*late, return_exceptions=True))
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
 
     @property
     def target(self) -> str:
