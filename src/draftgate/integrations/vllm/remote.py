@@ -26,13 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draftgate.drafters.base import Draft, Drafter, DraftRequest
-from draftgate.types import SamplingParams
 
 __all__ = ["RemoteCounters", "PrefetchingDrafter"]
 
 log = logging.getLogger("draftgate.integrations.vllm")
-
-_GREEDY = SamplingParams()
 
 
 @dataclass
@@ -76,7 +73,7 @@ class PrefetchingDrafter:
         deadline = time.monotonic() + self.timeout_s
         drafts: list[list[int] | None] = [self._from_ahead(r, deadline) for r in requests]
         waiting = {
-            i: self._call(r.seq_id, [int(t) for t in r.tokens], r.k)
+            i: self._call(r, list(map(int, r.tokens)), r.k)
             for i, r in enumerate(requests)
             if drafts[i] is None and r.k > 0
         }
@@ -103,15 +100,17 @@ class PrefetchingDrafter:
         return guess[n - a.base :]
 
     def _prefetch(self, r: DraftRequest, draft: list[int]) -> None:
-        base = [int(t) for t in r.tokens] + draft
-        self._ahead[r.seq_id] = _Ahead(len(r.tokens), tuple(draft), self._call(r.seq_id, base, 1 + self.k_max))
+        base = list(map(int, r.tokens)) + draft
+        self._ahead[r.seq_id] = _Ahead(len(r.tokens), tuple(draft), self._call(r, base, 1 + self.k_max))
 
-    def _call(self, seq_id: int, tokens: list[int], k: int) -> cf.Future[list[int]]:
-        lock = self._locks.setdefault(seq_id, threading.Lock())
+    def _call(self, r: DraftRequest, tokens: list[int], k: int) -> cf.Future[list[int]]:
+        """Ask the worker for k tokens after ``tokens`` (r's own history, or it with a draft accepted)."""
+        lock = self._locks.setdefault(r.seq_id, threading.Lock())
+        ask = DraftRequest(r.seq_id, tokens, k, r.params)
 
         def run() -> list[int]:
             with lock:
-                (d,) = self.inner.propose([DraftRequest(seq_id, tokens, k, _GREEDY)])
+                (d,) = self.inner.propose([ask])
                 return list(d.token_ids)
 
         return self._pool.submit(run)
