@@ -10,23 +10,15 @@ and round:
 1. lookup: the longer of the suffix-tree and n-gram proposals (microseconds);
 2. if a model drafter is configured (a draft head, a draft model) and lookup
    proposes fewer than ``min_lookup`` tokens (or K where K is smaller), the model drafts
-   instead. ``min_lookup`` defaults to 3 for a draft head and 1 (lookup proposes nothing)
-   for a draft model, whose every drafted token costs a forward of its own (not measured
-   with 3). On open chat lookup mostly proposes a token or two from a
-   short match, accepted about 10% of the time, while grounded text gives long
-   matches that keep the turn. Measured side by side on the held-out prompts (docs/BENCHMARKS.md,
-   issue 13, 3 runs, the 2026-12-02 head), min_lookup 1 / 2 / 3: open chat 1.11 / 1.21
-   / 1.29x of plain, writing 1.78 / 1.97 / 1.99x, code edit 1.62 / 1.58 / 1.70x, all
-   1.37 / 1.41 / 1.44x; built-in prompts all 1.61 / 1.60 / 1.72x. (With an earlier head
-   and controller, also replacing lookup's drafts on requests where they had yielded
-   little lately cost grounded prompts and writing up to 0.3x: lookup's hits are bursty,
-   so a lookup draft of ``min_lookup`` tokens keeps the turn however the request's lookups
-   fared.) Whether the model's drafts pay on a request is
-   its source's controller's call (K down to 0, with probes): a second, fixed acceptance
-   bar here (0.35 a drafted token, the head's average is ~0.3) kept backing the head off
-   where its rounds paid (measured on the held-out prompts in three side-by-side sessions
-   of 2 runs each, all categories: 1.43/1.40/1.30x of plain with the bar, 1.46/1.41/1.31x
-   without);
+   instead. ``min_lookup`` defaults to 3 for a draft head: on open chat lookup mostly
+   proposes a token or two from a short match, accepted about 10% of the time, while
+   grounded text gives long matches that keep the turn. For a draft model, whose every
+   drafted token costs a forward of its own, it defaults to 1 (the model drafts only
+   where lookup proposes nothing). Lookup's hits are bursty, so a lookup draft of
+   ``min_lookup`` tokens keeps the turn however the request's lookups have fared. Whether
+   the model's drafts pay on a request is its source's controller's call (K down to 0,
+   with probes); there is deliberately no second acceptance bar here, which would back
+   the head off where its rounds pay (docs/BENCHMARKS.md);
 3. only lookup drafts with evidence count toward ``min_lookup``: the n-gram's and the
    suffix tree's from the request's own text, and the suffix tree's from earlier requests'
    outputs (its global trie) on a context match of at least ``min_global_match`` (4) tokens.
@@ -34,9 +26,8 @@ and round:
    MIN_GLOBAL_MATCH); where the model does not draft, such a draft is still lookup's.
 
 The engine asks ``source`` before it chooses K, and keeps one controller per source
-(``auto``, ``auto+eagle``): the head's acceptance (~0.4) and cost (a millisecond a
-step) never shorten lookup's long, free drafts (measured: with one controller for
-both, auto with the head ran writing prompts at 1.32x of plain against 1.70x without it).
+(``auto``, ``auto+eagle``), so the head's lower acceptance and its cost (a millisecond a
+step) never shorten lookup's long, free drafts.
 """
 
 from __future__ import annotations
@@ -54,11 +45,10 @@ from draftgate.types import SamplingParams
 __all__ = ["AutoDrafter", "MIN_GLOBAL_MATCH"]
 
 # A suffix draft copied from earlier requests' outputs (the global trie) on a context match shorter
-# than this does not keep the turn from a model drafter (it still drafts where the model would not).
-# Measured (docs/BENCHMARKS.md, issue 13, twelfth session): at every output position of 4,141, such
-# drafts were accepted 0.05-0.35 tokens on average in six of eight categories, the head's
-# 0.41-0.86 at the same positions; on 4-7 tokens of context they were lookup's (open chat 0.76
-# against 0.49).
+# than this does not keep the turn from a model drafter (it still drafts where the model would not):
+# a 2-3 token match in another request's answer is a common phrase, not a quote. Such drafts were
+# accepted 0.05-0.35 tokens on average against 0.41-0.86 for the head at the same positions; from 4
+# tokens of context on they beat it (docs/BENCHMARKS.md).
 MIN_GLOBAL_MATCH = 4
 
 
@@ -123,8 +113,8 @@ class AutoDrafter:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         planned = [self._plans.pop(r.seq_id, None) for r in requests]
         planned = [p if p is not None and p[0] == len(r.tokens) else None for p, r in zip(planned, requests, strict=True)]
-        # Lookup drafts for this round's k: a lookup asked for more tokens may pick another match
-        # (measured: reusing source()'s k_max draft cut auto's accepted tokens on code edits by 12%).
+        # Lookup again for this round's k rather than reuse source()'s k_max draft: asked for more
+        # tokens, lookup may pick another match, one that drafts this k worse.
         looked = self._lookup(requests)
         drafts = [d for d, _ in looked]
         need = []

@@ -8,24 +8,22 @@ position; a draft of K tokens is one head pass over the positions committed sinc
 of the step before. Draft entries are dropped after the draft: the next round rebuilds from the
 target's true features, so a rejected draft needs no other rollback.
 
-STOPPING: the head is well calibrated (on the open-chat eval prompts its drafts are accepted
-0.91 of the time where it gives them above 0.9, 0.14 where 0.1-0.2), so a chain stops where the
-product of its drafts' probabilities falls below ``min_confidence`` (EAGLE-2's signal): the
-controller's K is the most a round drafts, the head's confidence cuts it short (docs/BENCHMARKS.md,
-issue 13). The head step for the next token runs only while that product is at least
-``min_continue`` (twice the bar by default: the next draft would need a probability of 0.5 or more
-to pass): on the open-chat eval prompts 2 of every 3 chain steps computed a token the bar then
-cut; with the rule a round's draft cost 2.8 instead of 3.8 ms (medians of 3 alternated runs,
-about 3% of a round) for 0.01 fewer tokens a round.
+STOPPING: the head is well calibrated (its drafts are accepted about as often as the probability
+it gives them), so a chain stops where the product of its drafts' probabilities falls below
+``min_confidence`` (EAGLE-2's signal): the controller's K is the most a round drafts, the head's
+confidence cuts it short. The head step for the next token runs only while that product is at
+least ``min_continue`` (twice the bar by default: the next draft would need a probability of 0.5
+or more to pass). Without that rule about 2 of every 3 chain steps compute a token the bar then
+cuts; with it a round's draft costs about a quarter less for almost no fewer accepted tokens.
 
 TREE: beside each chain token the draft carries the head's runner-up for that position as a leaf
 (``Draft.tree``) where the path to it is likely enough: the chain's confidence before it times the
 head's probability of the runner-up at least ``min_branch`` (0.15 by default; EAGLE-2 ranks a
 tree's nodes by the same product). The local target verifies the tree in the same forward under a
-tree attention mask, one row a leaf, and keeps the path the target's choices follow. On the
-open-chat eval prompts the head's first draft is wrong in about half the rounds and its runner-up
-is then often the target's choice (docs/BENCHMARKS.md, issue 13, "seventh session"). A leaf costs
-no head step: the head computed its q for the chain token anyway.
+tree attention mask, one row a leaf, and keeps the path the target's choices follow. On open chat
+the head's first draft is wrong in about half the rounds, and its runner-up is then often the
+target's choice (docs/BENCHMARKS.md). A leaf costs no head step: the head computed its q for the
+chain token anyway.
 
 Every draft is one-hot, verified by matching the target's own choice, so the output is plain
 decoding's token for token: greedy drafts are the head's argmax; a sampling request's drafts are
@@ -119,11 +117,8 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        """Drafts for a batch: every head pass runs once over all the requests still drafting.
-
-        (Measured, docs/BENCHMARKS.md issue 13: one request at a time, a batch of 4 streamed the
-        head's weights 4 times a step.)
-        """
+        """Drafts for a batch: every head pass runs once over all the requests still drafting, so
+        a step streams the head's weights once, not once a request."""
         head = self.head
         drafts = [Draft([]) for _ in requests]
         live = [(i, r, s) for i, r in enumerate(requests) if r.k > 0 and (s := self._ready(r)) is not None]

@@ -22,23 +22,21 @@ EXACT_BUCKETS: Final = 64  # forward sizes 1..64 each get a cost bucket
 COARSE_PER_DOUBLING: Final = 4  # above that, 4 geometric buckets per doubling of tokens
 PRIOR_SLOPE: Final = 0.25  # cold-start prior: forward_time(n) = 1 + 0.25 * (n - 1)
 # A forward size not timed for STALE_AFTER forwards whose next timing is more than STALE_SHIFT off
-# its window's median starts its window again from that timing: this machine's speed drifts (one-
-# token forwards moved between 22 and 40 ms within minutes), so timings from before a long run of
-# other sizes can price the machine as it was. Measured: plain decoding's price kept from a slow
-# minute (42.8 ms) against 2-row rounds timed since (31-37 ms) made every round of a request whose
-# drafts were never accepted draft K = 1 (83 rounds, 1 token accepted). With a fresh window plain
-# has few timings, so the controller's down-probes (engine.controller: DOWN_PROBE_EVERY_FEW,
+# its window's median starts its window again from that timing: a shared machine's speed drifts
+# (one-token forwards can nearly double within minutes), so timings from before a long run of other
+# sizes can price the machine as it was; plain decoding priced from a slow minute, for instance,
+# makes every round draft even on a request whose drafts are never accepted. With a fresh window
+# plain has few timings, so the controller's down-probes (engine.controller: DOWN_PROBE_EVERY_FEW,
 # FEW_PLAIN_TIMINGS) come often until it has enough again; a timing that agrees with the stale
 # median joins it as usual (no extra down-probes where the machine has not moved).
 STALE_AFTER: Final = 64
 STALE_SHIFT: Final = 0.2
 # A probe the controller would refuse for its catch-up price (engine.controller: FEW_CATCH_UPS)
 # goes ahead once that price is older than this many forwards (of any request), a retry at most
-# this often engine-wide: a price taken while the machine was slow (a stalled minute) otherwise
-# refused every probe for good, since only a probe's catch-up re-times it (measured: in a 5-arm
-# bench, auto without a head drafted nothing in the 52 requests after one stalled request). A retry
-# whose timing is more than STALE_SHIFT off the window's price starts the window again from it
-# (then FEW_CATCH_UPS lets the next probes measure), as forwards do.
+# this often engine-wide: otherwise a price taken while the machine was slow would refuse every
+# probe for good, since only a probe's catch-up re-times it, and the drafter would never draft
+# again. A retry whose timing is more than STALE_SHIFT off the window's price starts the window
+# again from it (then FEW_CATCH_UPS lets the next probes measure), as forwards do.
 CATCH_UP_RETRY: Final = 512
 # Drafted rounds over which a drafter's mean extra (draft tree) rows are taken.
 BRANCH_WINDOW: Final = 64
@@ -183,7 +181,7 @@ class CostModel:
 
         ``seconds`` is what the call took beyond its steady-state price (``draft_time``). A
         lookup drafter indexes a token in microseconds; a model drafter runs its forward over
-        them (llama.cpp's Q4 draft here: ~10 ms a token, a prompt prefill of 0.2-0.4 s).
+        them (a llama.cpp Q4 draft model: ~10 ms a token).
         """
         _check(num_tokens, 1, max(0.0, seconds))
         per_token = max(0.0, seconds) / num_tokens
@@ -208,9 +206,9 @@ class CostModel:
         """Estimated seconds to bring drafter up to date on num_tokens tokens (0 before any observation).
 
         The per-token price is the window's median weighted by tokens: a call that caught up on 1-2
-        tokens (after a plain round) is mostly timing noise over a tiny denominator (measured: 3.4 ms
-        "a token" for a head whose prompt catch-up costs 0.03 ms a token), and must not price a
-        50-token prompt's catch-up; a median still ignores one slow call.
+        tokens (after a plain round) is mostly timing noise over a tiny denominator (it can read 100
+        times a prompt's per-token price), and must not price a 50-token prompt's catch-up; a median
+        still ignores one slow call.
         """
         obs = self._catch_up.get(drafter)
         if not obs or num_tokens <= 0:
@@ -244,9 +242,8 @@ class CostModel:
         drafting with drafter: ``forward_time(n)`` (unmeasured sizes optimistic) plus the drafter's
         mean extra rows at the measured slope from n to n + 2 (a draft tree's nodes). Rounds
         with a tree are timed at their true size and their accepted tokens count in the source's
-        acceptance, so pricing K by its K + 1 rows alone understated what a round costs where rows
-        are dear (an AVX-512 Xeon: 4 rows 1.28x of one). A one-process A/B found no speed change
-        beyond noise (docs/BENCHMARKS.md, issue 13, eighth session)."""
+        acceptance, so pricing K by its K + 1 rows alone would understate what a round costs where
+        rows are dear (on some CPUs 4 rows cost 1.28x one)."""
         t = self.forward_time(n, optimistic=True)
         extra = self.branch_rows(drafter)
         if extra <= 0.0:
