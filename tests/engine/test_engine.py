@@ -239,7 +239,7 @@ def test_real_head_alone_equals_plain_on_every_prompt(
     kind: DrafterKind,
     k: int | None,
 ) -> None:
-    """Batch 1 with the draft head shipped for SmolLM2 (issue 13): greedy, token for token, and it drafts.
+    """Batch 1 with the draft head shipped for SmolLM2: greedy, token for token, and it drafts.
 
     K = auto prices forwards with FrozenCost: whether it drafts then follows acceptance, not this
     machine's load (a loaded CI run timed K > 0 out of all but one round of these short requests).
@@ -297,7 +297,7 @@ def test_real_bfloat16_speculation_equals_bfloat16_plain(
     real_bf16_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
 ) -> None:
     """Reduced-precision weights stay exact: the native forward is batch invariant in any weight dtype
-    (PyTorch's bf16 CPU kernels changed 16 of 20 greedy answers, docs/BENCHMARKS.md issue 7)."""
+    (PyTorch's bf16 CPU kernels changed 16 of 20 greedy answers, docs/BENCHMARKS.md)."""
     params = SamplingParams(max_new_tokens=REAL_NEW)
     prompts = [real_ids[p] for p in REAL_PROMPTS]
     plain = [real_bf16_engine.complete(ids, params).token_ids for ids in prompts]

@@ -414,7 +414,7 @@ def test_score_returns_logprobs_for_the_suffix_only(tiny_model, start_worker) ->
 
 @pytest.mark.parametrize("ending", ["length", "abort", "error"])
 def test_a_request_has_released_its_session_when_its_last_chunk_arrives(start_worker, make_remote, ending: str) -> None:  # type: ignore[no-untyped-def]
-    """The flaky "the gateway still counts sessions" (issue 14): the old client delivered the last
+    """The flaky "the gateway still counts sessions": the old client delivered the last
     chunk and counted the request finished, then released its pool session in a ``finally``; a
     caller that saw the end and looked at the pool raced the release. Every way out now closes the
     session first, so at the last chunk nothing is counted any more."""

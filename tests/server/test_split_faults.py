@@ -1,4 +1,4 @@
-"""Fault tests of the split deployment through the gateway (issue 6 item 8, DESIGN §5.3).
+"""Fault tests of the split deployment through the gateway (a failed target or drafter frees everything and is a clear error).
 
 Every server is real and on loopback: the gateway (uvicorn), gRPC target workers
 (in-process, or a ``draftgate serve-target`` subprocess where the test kills it),

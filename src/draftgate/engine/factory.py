@@ -51,7 +51,7 @@ def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     head = load_head(cfg.draft_head, target)
     dtype = target.weights["model.embed_tokens.weight"].dtype
     if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
-        # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md, issue 13).
+        # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md).
         head.use_native(load_library(cfg.cache_dir or default_cache_dir()))
     return EagleDrafter(head, min_branch=cfg.draft_branch or None)
 
@@ -86,12 +86,11 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
 
     The shipped head by default since auto keeps one controller per source and gives the head only
     the rounds lookup has nothing for: on held-out prompts auto with it ran at 1.43x of plain against
-    1.37x without it, on the built-in prompts 1.66x against 1.59x (docs/BENCHMARKS.md, issue 13). The
+    1.37x without it, on the built-in prompts 1.66x against 1.59x (docs/BENCHMARKS.md). The
     head needs the target's hidden states, so a remote target gets lookups only (an explicit
     --draft-head is refused there). Not llama.cpp on its own any more (it was auto's default draft
     while the target was 3-5x slower): against the native target a Q4 llama.cpp draft step costs half
-    a target step, and on open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md,
-    issue 12). ``--drafter quant`` still runs it on purpose.
+    a target step, and on open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md). ``--drafter quant`` still runs it on purpose.
     """
     from draftgate.drafters.eagle import shipped_head
 
@@ -123,7 +122,7 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
         build_dir=cfg.cache_dir,
     )
     if runner.kernels is Kernels.TORCH and cfg.drafter != DrafterKind.NONE:
-        # Measured (docs/BENCHMARKS.md, issue 12): PyTorch's CPU kernels round a 2-row pass differently
+        # Measured (docs/BENCHMARKS.md): PyTorch's CPU kernels round a 2-row pass differently
         # from a 1-row pass even in float32; in bfloat16, 16 of 20 greedy answers differed from plain.
         # Its CUDA kernels promise no invariance either (benchmarks/invariance_probe.py measures it).
         where = "CPU kernels (--kernels torch)" if runner.device.type == "cpu" else f"kernels on {runner.device}"

@@ -224,7 +224,7 @@ class EagleHead(nn.Module):
     def use_native(self, lib: NativeLib, dtype: torch.dtype = torch.bfloat16) -> EagleHead:
         """Draft with the products on the native kernels' pool, weights stored as ``dtype``.
 
-        Measured in the engine's thread (docs/BENCHMARKS.md, issue 13): torch's small GEMMs there
+        Measured in the engine's thread (docs/BENCHMARKS.md): torch's small GEMMs there
         pay a thread wake-up each while the native pool spins, and bfloat16 halves the bytes a
         step streams after the target's forward has evicted the head from the cache. Drafts are
         verified, so the head's rounding changes acceptance at most, never the output.

@@ -1,6 +1,6 @@
 """The Llama forward on the native CPU kernels (``models/native``): weights packed once, one call per pass.
 
-Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md, issue 12):
+Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md):
 - a K+1-row pass over MKL's GEMM cost 1.5-2.7x a one-row pass, where decoding is memory-bound
   and more rows over the same weights should cost little; the native products stream each
   weight once for up to 24 rows, with software prefetch so the FMAs hide under the stream;
@@ -77,8 +77,7 @@ class NativeLlama:
 
         Each copy is the model's size again (538 MB for SmolLM2-135M in float32), and copies land
         in different memory: several engine arms of one benchmark process each streamed their own,
-        and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md,
-        issue 13, seventh session). Safe to share: the forward keeps no state between calls.
+        and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md). Safe to share: the forward keeps no state between calls.
         """
         embed = weights["model.embed_tokens.weight"]
         key = (id(embed), id(lib))
@@ -196,7 +195,7 @@ class PackedLinear:
     """``y = x @ W^T`` on the native pool, W packed once (float32, bfloat16 or float16 storage).
 
     For small products run from the engine's thread (a draft head's step): torch's GEMM there pays
-    an OpenMP wake-up per call while the native pool spins (docs/BENCHMARKS.md, issue 12), and
+    an OpenMP wake-up per call while the native pool spins (docs/BENCHMARKS.md), and
     bfloat16 storage halves the bytes a cold step streams.
     """
 

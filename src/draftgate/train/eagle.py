@@ -117,8 +117,8 @@ def choose_precision(asked: str, device: torch.device | None = None) -> str:
 
     bf16 (autocast: bf16 products, float32 weights, optimizer and loss) where a product of a training
     step's shape runs at least 1.3x faster in bf16 than in float32, else fp32. Measured
-    (docs/BENCHMARKS.md, issue 13, tenth session): an AMD Zen 4 with AVX512-BF16 runs the products
-    2.75x faster in bf16 and a training step 1.85-2.2x; the CPU changes between sessions, so it is
+    (docs/BENCHMARKS.md): an AMD Zen 4 with AVX512-BF16 runs the products
+    2.75x faster in bf16 and a training step 1.85-2.2x; the CPU varies between machines, so it is
     measured, never assumed.
     """
     if asked != "auto":

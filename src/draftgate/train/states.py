@@ -5,7 +5,7 @@ prompt's prefill (all its rows), then the decode step that feeds each generated 
 version generated the continuations on the engine and ran one more forward over every finished
 sequence for its logits and features; on this CPU that second pass cost about as much as
 generating (a prefill is compute-bound, like a batch of 16 decode rows), so generating and
-recording at once halves the data time (docs/BENCHMARKS.md, issue 13).
+recording at once halves the data time (docs/BENCHMARKS.md).
 
 Decoding is continuous batching by hand on one ``ModelRunner`` (up to ``batch`` sequences a
 step, a finished one replaced by the next prompt; 32 rows make 1.3x the tokens a second of 16).
