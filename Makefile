@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint bench llamacpp clean
+.PHONY: demo demo-vllm test test-all lint bench bench-vllm llamacpp clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,21 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/draftgate demo
 
+# vLLM (its own virtualenv, cached under ~/.cache/draftgate: 6-11 minutes the first time) alone,
+# with its own ngram, and with DraftGate's proposer, side by side on the built-in prompts.
+demo-vllm: $(STAMP)
+	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.compare \
+		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
+
+# The vLLM benchmark of docs/BENCHMARKS.md (about 30 minutes on 2 cores).
+bench-vllm: $(STAMP)
+	@eval "$$(scripts/vllm_env.sh)" && for set in heldout repeated; do \
+		$(PY) -m draftgate.integrations.vllm.compare --vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" \
+			--prompts benchmarks/prompts/$$set.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix,dg-ngram \
+			--runs 3 --out bench-vllm-out/$$set || exit 1; done
+
+# The whole suite, the live vLLM tests included (they install vLLM's virtualenv once;
+# DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run).
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
@@ -40,4 +55,4 @@ llamacpp: $(STAMP)
 	$(PY) -m pip install -q 'llama-cpp-python[server]==0.3.36'
 
 clean:
-	rm -rf $(VENV) .cache bench-out
+	rm -rf $(VENV) .cache bench-out bench-vllm-out demo-vllm-out vllm-compare

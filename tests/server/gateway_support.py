@@ -31,11 +31,11 @@ WAIT_S = 30.0
 
 
 @contextmanager
-def serve_app(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a thread on a free loopback port; yield its base URL."""
+def serve_app(app: FastAPI, port: int = 0) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread on loopback (``port``, 0: a free one); yield its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

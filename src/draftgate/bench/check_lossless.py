@@ -26,13 +26,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from draftgate.engine import Chunk
 from draftgate.engine.compare import Submits, collect, first_difference
 from draftgate.errors import BadRequestError
 from draftgate.types import SamplingParams
-from draftgate.verify.fidelity import ChiSquare, chi_square_homogeneity
+from draftgate.verify.fidelity import positional_homogeneity
 
 __all__ = ["CheckConfig", "CheckPrompt", "Finding", "LosslessReport", "check_lossless"]
 
@@ -160,14 +158,7 @@ def _distribution(backend: Submits, p: CheckPrompt, cfg: CheckConfig, progress: 
     with ThreadPoolExecutor(cfg.concurrency) as pool:
         outs = list(pool.map(one, jobs))
     spec, plain = outs[:n], outs[n:]
-    V = 1 + max((t for o in outs for t in o), default=0)
-    tests: list[tuple[int, ChiSquare]] = []
-    for i in range(m):
-        a = [o[i] for o in spec if len(o) > i]
-        b = [o[i] for o in plain if len(o) > i]
-        ca = torch.bincount(torch.tensor(a, dtype=torch.long), minlength=V)  # [V]
-        cb = torch.bincount(torch.tensor(b, dtype=torch.long), minlength=V)  # [V]
-        tests.append((i, chi_square_homogeneity(ca, cb, cfg.alpha / m)))
+    tests = list(enumerate(positional_homogeneity(spec, plain, m, cfg.alpha)))
     worst_i, worst = max(tests, key=lambda t: t[1].ratio)
     summary = ", ".join(f"pos {i}: {t.statistic:.1f}/{t.threshold:.1f} (dof {t.dof})" for i, t in tests)
     verdict = "same distribution" if worst.passed else f"differ at output position {worst_i}"

@@ -15,12 +15,13 @@ dof 0. Pure math on counts: no model, no randomness.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["ChiSquare", "chi_square_fit", "chi_square_homogeneity", "chi_square_threshold"]
+__all__ = ["ChiSquare", "chi_square_fit", "chi_square_homogeneity", "chi_square_threshold", "positional_homogeneity"]
 
 MIN_EXPECTED = 5.0
 
@@ -121,3 +122,17 @@ def chi_square_homogeneity(counts_a: Tensor, counts_b: Tensor, alpha: float) -> 
     ea, eb = t * na / n, t * nb_ / n
     stat = float(((oa - ea) ** 2 / ea).sum() + ((ob - eb) ** 2 / eb).sum())
     return _result(stat, t.numel() - 1, alpha, n)
+
+
+def positional_homogeneity(
+    a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], positions: int, alpha: float
+) -> list[ChiSquare]:
+    """One homogeneity test per output position of two sets of sampled outputs (token ids per
+    sample), each at ``alpha / positions`` (Bonferroni: the family holds ``alpha``)."""
+    V = 1 + max((t for o in (*a, *b) for t in o), default=0)
+    out = []
+    for i in range(positions):
+        ca = torch.bincount(torch.tensor([o[i] for o in a if len(o) > i], dtype=torch.long), minlength=V)  # [V]
+        cb = torch.bincount(torch.tensor([o[i] for o in b if len(o) > i], dtype=torch.long), minlength=V)  # [V]
+        out.append(chi_square_homogeneity(ca, cb, alpha / positions))
+    return out

@@ -1,0 +1,278 @@
+"""vLLM alone, vLLM's own ``ngram`` and vLLM with DraftGate's proposer, side by side on one machine.
+
+    python -m draftgate.integrations.vllm.compare --vllm-python PY --model HF_FOLDER \\
+        --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto
+
+Each kind of server runs in its own vLLM process (all up at once, idle ones cost nothing);
+requests go one arm at a time, the arms' order rotated per prompt, so drift on a shared machine
+falls on every arm alike. Greedy decoding; each arm's tokens are checked against vLLM alone
+(``identical``). Prompts with several turns are answered turn by turn, each arm on its own
+earlier answers. Throughput is output tokens over wall time of the requests, per category.
+
+Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``,
+``dg-suffix``, ``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request
+through ``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram``
+worker this tool starts). ``make demo-vllm`` runs this on the built-in prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
+from draftgate.integrations.vllm.launch import (
+    SERVED_NAME,
+    VllmEnv,
+    VllmLaunch,
+    draftgate_spec,
+    free_port,
+    vllm_server,
+)
+
+__all__ = ["ARMS", "Arm", "main"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    server: str  # "plain" | "ngram" | "draftgate": which vLLM process serves it
+    xargs: Mapping[str, Any] = field(default_factory=dict)
+    what: str = ""
+
+
+ARMS = {
+    a.name: a
+    for a in (
+        Arm("vllm", "plain", what="vLLM alone"),
+        Arm("vllm-ngram", "ngram", what="vLLM's own ngram speculation"),
+        Arm("dg-auto", "draftgate", {"draftgate_drafter": "auto"}, "DraftGate auto (suffix + n-gram, goodput controller)"),
+        Arm("dg-suffix", "draftgate", {"draftgate_drafter": "suffix"}, "DraftGate suffix store, controller K"),
+        Arm("dg-ngram", "draftgate", {"draftgate_drafter": "ngram"}, "DraftGate n-gram lookup, controller K"),
+        Arm("dg-remote", "draftgate", {"draftgate_drafter": "remote"}, "DraftGate remote draft worker (n-gram)"),
+    )
+}
+
+
+@dataclass
+class Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    requests: int = 0
+    identical: int = 0
+    compared: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: Arm, max_tokens: int) -> tuple[list[int], str, float]:
+    body: dict[str, Any] = {
+        "model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+        "return_token_ids": True,
+    }  # fmt: skip
+    if arm.xargs:
+        body["vllm_xargs"] = dict(arm.xargs)
+    t0 = time.perf_counter()
+    r = client.post(f"{url}/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - t0
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    return list(choice["token_ids"]), choice["message"]["content"] or "", seconds
+
+
+def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[list[int]], float]:
+    """Every turn of ``p``, answered in order on the arm's own answers: token ids per turn, seconds."""
+    answers: list[str] = []
+    ids: list[list[int]] = []
+    total = 0.0
+    for turn in range(len(p.turns)):
+        toks, text, s = _chat(client, url, p.messages(turn, answers), arm, max_tokens)
+        answers.append(text)
+        ids.append(toks)
+        total += s
+    return ids, total
+
+
+def run_compare(
+    urls: Mapping[str, str], arms: Sequence[Arm], prompts: Sequence[BenchPrompt], runs: int, concurrency: int, max_tokens: int
+) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, dict[str, list[list[int]]]]]:
+    """Tallies per (arm, category) per run, and the first run's token ids per arm and prompt."""
+    tallies: dict[tuple[str, str], list[Tally]] = defaultdict(lambda: [Tally() for _ in range(runs)])
+    outputs: dict[str, dict[str, list[list[int]]]] = defaultdict(dict)
+    groups = [list(prompts[i : i + concurrency]) for i in range(0, len(prompts), concurrency)]
+    total, done = runs * len(groups) * len(arms), 0
+    with httpx.Client(timeout=600) as client, ThreadPoolExecutor(concurrency) as pool:
+        for run in range(runs):
+            for gi, group in enumerate(groups):
+                shift = (run + gi) % len(arms)
+                for arm in [*arms[shift:], *arms[:shift]]:
+                    t0 = time.perf_counter()
+                    results = list(pool.map(lambda p, a=arm: _conversation(client, urls[a.server], p, a, max_tokens), group))
+                    wall = time.perf_counter() - t0
+                    for p, (ids, _) in zip(group, results, strict=True):
+                        t = tallies[(arm.name, p.category)][run]
+                        t.tokens += sum(len(x) for x in ids)
+                        t.requests += len(ids)
+                        t.seconds += wall / len(group)  # the group's wall time, shared by its requests
+                        if run == 0:
+                            outputs[arm.name][p.id] = ids
+                    done += 1
+                    print(f"\r{done}/{total} prompt groups", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    base = outputs.get("vllm", {})
+    for arm in arms:
+        for p in prompts:
+            if p.id in base:
+                t = tallies[(arm.name, p.category)][0]
+                t.compared += 1
+                t.identical += int(outputs[arm.name][p.id] == base[p.id])
+    return tallies, outputs
+
+
+def render(tallies: Mapping[tuple[str, str], list[Tally]], arms: Sequence[Arm], categories: Sequence[str], concurrency: int) -> str:
+    """Markdown: output tokens/s per category and arm (median of runs), ratio to vLLM alone, identical outputs."""
+    head = "| category | " + " | ".join(a.name for a in arms) + " |"
+    lines = [f"concurrency {concurrency}; tokens/s (median of runs), x vLLM alone, greedy outputs identical to vLLM alone", "",
+             head, "|" + "---|" * (len(arms) + 1)]  # fmt: skip
+    for cat in [*categories, "all"]:
+        cells = []
+        base = _rate(tallies, "vllm", cat, categories)
+        for a in arms:
+            rate = _rate(tallies, a.name, cat, categories)
+            ident = _identical(tallies, a.name, cat, categories)
+            ratio = f" ({rate / base:.2f}x)" if base and a.name != "vllm" else ""
+            cells.append(f"{rate:.1f}{ratio}{ident}")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _runs(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequence[str]) -> list[Tally]:
+    per_run = [Tally() for _ in next(iter(tallies.values()))]
+    for c in cats:
+        for r, t in enumerate(tallies.get((arm, c), [])):
+            per_run[r].tokens += t.tokens
+            per_run[r].seconds += t.seconds
+            per_run[r].identical += t.identical
+            per_run[r].compared += t.compared
+    return per_run
+
+
+def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cat: str, cats: Sequence[str]) -> float:
+    return statistics.median(t.rate for t in _runs(tallies, arm, cats if cat == "all" else [cat]))
+
+
+def _identical(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cat: str, cats: Sequence[str]) -> str:
+    first = _runs(tallies, arm, cats if cat == "all" else [cat])[0]
+    return f", {first.identical}/{first.compared} same" if arm != "vllm" and first.compared else ""
+
+
+@contextmanager
+def _draft_worker(port: int) -> Iterator[str]:
+    cmd = [sys.executable, "-m", "draftgate", "serve-draft", "--drafter", "ngram", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _servers(stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_k: int, logs: Path) -> tuple[dict[str, str], str | None]:
+    """Start the vLLM processes the arms need, one after another; their URLs, and the proposer's side server."""
+    need = {a.server for a in arms}
+    urls: dict[str, str] = {}
+    control = None
+    for server in ("plain", "ngram", "draftgate"):
+        if server not in need:
+            continue
+        print(f"starting vLLM ({server}) ...", file=sys.stderr, flush=True)
+        spec: dict[str, Any] | None = None
+        extra: dict[str, str] = {}
+        if server == "ngram":
+            spec = {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        elif server == "draftgate":
+            spec = draftgate_spec(k)
+            port = free_port()
+            extra["DRAFTGATE_VLLM_CONTROL_PORT"] = str(port)
+            control = f"http://127.0.0.1:{port}"
+            if any(a.name == "dg-remote" for a in arms):
+                extra["DRAFTGATE_VLLM_DRAFT_URL"] = stack.enter_context(_draft_worker(free_port()))
+        urls[server] = stack.enter_context(vllm_server(VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log")))
+    return urls, control
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m draftgate.integrations.vllm.compare", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="arms: " + "; ".join(f"{a.name}: {a.what}" for a in ARMS.values()),
+    )  # fmt: skip
+    ap.add_argument("--vllm-python", type=Path, required=True, help="python of the vLLM virtualenv (scripts/vllm_env.sh prints it)")
+    ap.add_argument("--model", type=Path, required=True, help="the model's Hugging Face folder (scripts/vllm_env.sh prints it)")
+    ap.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file (default: the built-in prompts)")
+    ap.add_argument("--limit", type=int, default=None, help="at most N prompts")
+    ap.add_argument("--arms", default="vllm,vllm-ngram,dg-auto", help="comma-separated arms (default: %(default)s)")
+    ap.add_argument("--runs", type=int, default=1, help="passes over the prompts, arms interleaved (default: %(default)s)")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight per arm (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: %(default)s)")
+    ap.add_argument("--k", type=int, default=8, help="DraftGate's largest K, num_speculative_tokens (default: %(default)s)")
+    ap.add_argument("--ngram-k", type=int, default=8, help="K of vLLM's own ngram arm (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=Path("vllm-compare"), help="folder for logs and results (default: %(default)s)")
+    a = ap.parse_args(argv)
+    unknown = [n for n in a.arms.split(",") if n not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm {unknown[0]!r}; arms are {', '.join(ARMS)}")
+    arms = [ARMS[n] for n in a.arms.split(",")]
+    if arms[0].name != "vllm" and "vllm" in a.arms.split(","):
+        arms.remove(ARMS["vllm"])
+        arms.insert(0, ARMS["vllm"])
+    prompts = load_prompts(a.prompts or builtin_prompts_path(), limit=a.limit)
+    a.out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out)
+        tallies, _ = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
+        stats = httpx.get(f"{control}/stats", timeout=10).json() if control else None
+    cats = list(dict.fromkeys(p.category for p in prompts))
+    table = render(tallies, arms, cats, a.concurrency)
+    print(table)
+    if stats:
+        for name, s in stats["drafters"].items():
+            if s["drafted"]:
+                print(f"DraftGate {name}: {s['accepted']}/{s['drafted']} drafts accepted, {s['rounds']} rounds")
+        if "remote" in stats:
+            print(f"remote tier: {stats['remote']}")
+    results = {
+        "arms": [a.name for a in arms], "runs": a.runs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
+        "tallies": {f"{arm}/{cat}": [vars(t) for t in ts] for (arm, cat), ts in tallies.items()},
+        "proposer": stats, "table": table,
+    }  # fmt: skip
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts[:1])
+    print("identical outputs: " + ("yes, every arm" if same else "NO (see the table)"))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
