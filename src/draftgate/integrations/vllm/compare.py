@@ -192,7 +192,12 @@ def _draft_worker(port: int) -> Iterator[str]:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"the draft worker exited with status {proc.returncode}")
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"the draft worker did not answer {url}/health within 60 s")
         yield url
     finally:
         proc.terminate()

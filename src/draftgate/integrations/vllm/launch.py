@@ -71,7 +71,7 @@ class VllmLaunch:
     port: int = 0  # 0: a free port
     max_model_len: int = 2048
     kv_cache_gib: int = 1
-    log: Path | None = None  # where its output goes (default: a file beside nothing, /dev/null)
+    log: Path | None = None  # where its output goes (None: discarded)
 
     def command(self, port: int) -> list[str]:
         cmd = [
