@@ -1,7 +1,6 @@
 """DraftGate's proposer inside a real vLLM (the CPU build in its own virtualenv), on loopback.
 
-Two vLLM servers on the bundled model: ``plain`` (no speculation: the reference) and ``spec``
-(DraftGate's proposer, K up to 8, a remote draft worker, the side server on). Each request
+The servers (vllm_support): ``plain`` (the reference) and ``spec`` (DraftGate's proposer). Each request
 picks its drafter through ``vllm_xargs``; the side server's ``/stats`` shows which drafts were
 handed out and accepted, so every check also proves that drafts were in play.
 
@@ -14,33 +13,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from gateway_support import serve_app
 from openai import OpenAI
+from vllm_support import ROOT, Spec, Worker
 
 from draftgate.bench.prompts import builtin_prompts_path, load_prompts
-from draftgate.drafters.ngram import NgramDrafter
 from draftgate.engine.compare import first_difference
-from draftgate.integrations.vllm.launch import (
-    SERVED_NAME,
-    VllmEnv,
-    VllmLaunch,
-    draftgate_spec,
-    free_port,
-    vllm_env,
-    vllm_server,
-)
-from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
+from draftgate.integrations.vllm.launch import SERVED_NAME
 from draftgate.verify.fidelity import positional_homogeneity
 
-ROOT = Path(__file__).resolve().parents[3]
 DRAFTERS = ["auto", "suffix", "ngram", "remote"]
 MAX_TOKENS = 48
 SAMPLES = 200  # per arm in the distribution test
@@ -50,77 +37,6 @@ ALPHA = 1e-3
 COPY = "Repeat the following sentence exactly, three times:\nThe quick brown fox jumps over the lazy dog near the river bank."
 
 pytestmark = pytest.mark.skipif(os.environ.get("DRAFTGATE_SKIP_VLLM") == "1", reason="DRAFTGATE_SKIP_VLLM=1")
-
-
-@pytest.fixture(scope="module")
-def env() -> VllmEnv:
-    return vllm_env(ROOT / "scripts" / "vllm_env.sh")
-
-
-class Worker:
-    """A `draftgate serve-draft`-style n-gram draft worker on a fixed port, that tests stop and swap."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._stop: threading.Event | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, app: FastAPI | None = None) -> None:
-        ready, self._stop = threading.Event(), threading.Event()
-        app = app or create_draft_app(DraftService(NgramDrafter()))
-
-        def run(stop: threading.Event) -> None:
-            with serve_app(app, port=self.port):
-                ready.set()
-                stop.wait()
-
-        self._thread = threading.Thread(target=run, args=(self._stop,), daemon=True)
-        self._thread.start()
-        assert ready.wait(30), "the draft worker did not start"
-
-    def stop(self) -> None:
-        assert self._stop is not None and self._thread is not None
-        self._stop.set()
-        self._thread.join(30)
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker()
-    w.start()
-    yield w
-    w.stop()
-
-
-@pytest.fixture(scope="module")
-def plain(env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with vllm_server(VllmLaunch(env, log=tmp_path_factory.mktemp("vllm") / "plain.log")) as url:
-        yield url
-
-
-class Spec:
-    def __init__(self, url: str, control: str, log: Path) -> None:
-        self.url, self.control, self.log = url, control, log
-
-    def stats(self) -> dict[str, Any]:
-        return httpx.get(f"{self.control}/stats", timeout=10).json()  # type: ignore[no-any-return]
-
-    def drafter(self, name: str) -> dict[str, int]:
-        return self.stats()["drafters"][name]  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def spec(env: VllmEnv, worker: Worker, plain: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spec]:
-    log = tmp_path_factory.mktemp("vllm") / "spec.log"
-    port = free_port()
-    extra = {
-        "DRAFTGATE_VLLM_DRAFT_URL": worker.url,
-        "DRAFTGATE_VLLM_DRAFT_TIMEOUT_MS": "200",  # generous: the worker shares two cores with two vLLMs
-        "DRAFTGATE_VLLM_CONTROL_PORT": str(port),
-    }
-    with vllm_server(VllmLaunch(env, speculative=draftgate_spec(8), extra_env=extra, log=log)) as url:
-        yield Spec(url, f"http://127.0.0.1:{port}", log)
 
 
 def _client(url: str) -> OpenAI:
@@ -194,12 +110,10 @@ def test_the_distribution_test_can_fail(plain: str, plain_samples: list[list[int
     assert not all(t.passed for t in tests), [f"{t.statistic:.1f}/{t.threshold:.1f}" for t in tests]
 
 
-# Open finding: in two runs here one lookup drafter each time (suffix, then auto) failed this test
-# marginally at output positions 2-3 (statistic 21.8-22.6 against 21.5); the others passed. Until
-# the cause (vLLM's CPU rejection sampler or ours) is found, a failure is reported, not fatal.
-@pytest.mark.xfail(strict=False, reason="sampled exactness inside vLLM 0.32 CPU not yet established (see docs/VLLM.md)")
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_sampled_output_has_vllms_distribution(drafter: str, spec: Spec, plain_samples: list[list[int]]) -> None:
+    """Exact with the plugin's repair of vLLM 0.32's CPU expand kernel (without it, every
+    drafter here and vLLM's own ``ngram`` fail at p < 1e-20: docs/VLLM.md)."""
     before = spec.drafter(drafter)
     got = _samples(spec.url, SAMPLES, {"draftgate_drafter": drafter})
     after = spec.drafter(drafter)

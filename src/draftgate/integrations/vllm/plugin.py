@@ -15,6 +15,15 @@ one:
    decided by behaviour (a probe that frees a block filled with a sentinel and looks for it
    in a fresh buffer) or by the allocator's source (``empty``); the decision and the vLLM
    version are logged once per process.
+3. repairs the CPU build's fallback for the rejection sampler's ``expand`` kernel while the
+   installed vLLM needs it. vLLM 0.32's ``cpu_triton_utils._expand_kernel_impl`` converts its
+   output to int64 before the C++ kernel writes it, so for float outputs (each draft
+   position's temperature and top-p) the kernel fills a temporary copy and the real output
+   stays uninitialised (``torch.new_empty``): sampled requests with drafts are verified at
+   garbage temperatures and top-p, and emit tokens vLLM's plain sampling never does (its own
+   ``ngram`` method as much as DraftGate's proposer). Greedy requests never read these values.
+   The repair fills the output in place (``repeat_interleave``); whether to patch is decided
+   by behaviour (a probe with a float output) and logged once per process.
 
 The proposer class itself (`draftgate.integrations.vllm.Proposer`) needs no plugin to load:
 installed into vLLM's environment, its module path is importable.
@@ -25,7 +34,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-__all__ = ["register", "zero_fill_prompt_logprobs"]
+__all__ = ["register", "repair_cpu_expand", "zero_fill_prompt_logprobs"]
 
 log = logging.getLogger("draftgate.integrations.vllm")
 
@@ -37,6 +46,7 @@ def register() -> None:
     try:
         _share_vllm_log()
         zero_fill_prompt_logprobs()
+        repair_cpu_expand()
     except Exception:  # a plugin failure must not keep vLLM from starting
         log.exception("DraftGate's vLLM plugin failed to register")
 
@@ -103,3 +113,63 @@ def _source_uses_empty(fn: object) -> bool:
     except (OSError, TypeError):
         return False
     return "empty(" in src and "zeros" not in src
+
+
+def repair_cpu_expand() -> bool:
+    """Replace the CPU ``expand`` fallback where it leaves float outputs unwritten; True if replaced.
+
+    Runs before vLLM's worker registers its CPU kernel overrides (plugins load first), which read
+    the function from ``vllm.utils.cpu_triton_utils`` at registration.
+    """
+    import vllm
+
+    try:
+        from vllm.utils import cpu_triton_utils as cpu_tl
+    except ImportError:  # not a build with CPU kernel fallbacks
+        return False
+    current = cpu_tl._expand_kernel_impl
+    if getattr(current, _PATCHED, False):
+        return True
+    version = getattr(vllm, "__version__", "?")
+    if _expands_floats(current):
+        log.info("vLLM %s expands float sampling parameters correctly on CPU: no DraftGate repair needed", version)
+        return False
+
+    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+        import torch
+
+        counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+        values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+        expanded = torch.repeat_interleave(values, counts)
+        output[: expanded.numel()] = expanded.to(output.dtype)
+
+    setattr(_expand_kernel_impl, _PATCHED, True)
+    cpu_tl._expand_kernel_impl = _expand_kernel_impl
+    log.info(
+        "vLLM %s leaves the CPU rejection sampler's per-draft temperature and top-p unwritten; DraftGate repairs "
+        "its expand kernel (sampled requests with drafts are exact again)", version,
+    )  # fmt: skip
+    return True
+
+
+def _expands_floats(impl: object) -> bool:
+    """Whether ``impl`` writes a float output: [0.5 | 0.25, 0.25] from two requests with 1 and 2 drafts.
+
+    The C++ kernels are loaded the platform's way (the library that matches this CPU's ISA); where
+    they cannot run, the function's source decides (it converts its output to int64).
+    """
+    import torch
+
+    try:
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
+        out = torch.full((3,), -1.0)
+        impl(out, torch.tensor([0.5, 0.25]), torch.tensor([1, 3], dtype=torch.int32), -7.0, 1.0)  # type: ignore[operator]
+        return out.tolist() == [0.5, 0.25, 0.25]
+    except Exception:
+        try:
+            src = inspect.getsource(impl)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            return True  # nothing to go by: leave vLLM as it is
+        return "_ensure_int64(output)" not in src
