@@ -6,7 +6,9 @@ defaults for keys a route leaves out.
 
 Remote back ends: --target grpc://HOST:PORT[,grpc://...] (`draftgate serve-target`
 workers) or openai+http://HOST:PORT (an OpenAI-compatible server we do not own,
-e.g. llama.cpp's; greedy requests only unless --allow-approximate); --drafter
+e.g. llama.cpp's; greedy requests only unless --allow-approximate) or
+vllm+http://HOST:PORT (a vLLM running DraftGate's proposer: vLLM drafts and
+verifies with the route's drafter, the gateway switches it per request); --drafter
 http://HOST:PORT (`draftgate serve-draft`) or llamacpp+http://HOST:PORT (a
 llama.cpp server drafting greedily). Client keys come from --api-keys-file or
 DRAFTGATE_API_KEYS (comma or space separated); none = open dev mode.
@@ -73,7 +75,8 @@ def add_route_args(p: argparse.ArgumentParser) -> None:
         "--target",
         type=_target_arg,
         default="embedded",
-        help="embedded, grpc://HOST:PORT[,grpc://...] or openai+http://HOST:PORT (default: %(default)s)",
+        help="embedded, grpc://HOST:PORT[,grpc://...], openai+http://HOST:PORT or vllm+http://HOST:PORT "
+        "(default: %(default)s)",
     )
     r.add_argument(
         "--draft-timeout-ms",

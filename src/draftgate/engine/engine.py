@@ -172,6 +172,11 @@ class Engine(Frontend):
         return self.target.kv_stats()
 
     @property
+    def max_context(self) -> int | None:
+        """Prompt + completion tokens the target accepts (None: unknown)."""
+        return self.target.info.max_context
+
+    @property
     def num_running(self) -> int:
         return len(self._running)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Chunk, CostModel, RoundTarget
+from draftgate.engine import Chunk, CostModel
 from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams
 
@@ -24,16 +24,19 @@ ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 class Backend(Protocol):
     """What the gateway needs from a generation back end: ``draftgate.engine.Engine`` over any
-    round target (embedded, gRPC workers, an OpenAI-compatible server)."""
+    round target (embedded, gRPC workers, an OpenAI-compatible server), or
+    ``VllmPluginBackend`` (a vLLM that drafts and verifies with DraftGate's proposer)."""
 
     speculation_enabled: bool
     k: int | None  # None: adaptive
     k_max: int
     cost: CostModel  # measured forward and draft costs (for shadow predictions)
-    target: RoundTarget
 
     @property
     def drafter(self) -> Drafter | None: ...
+
+    @property
+    def max_context(self) -> int | None: ...
 
     @property
     def num_running(self) -> int: ...
@@ -77,7 +80,7 @@ class Route:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
                 raise ValueError(f"route {self.name!r}: {f} must be a number in [0, 1], got {x!r}")
         if self.context_length is None:
-            self.context_length = self.engine.target.info.max_context
+            self.context_length = self.engine.max_context
         self.set_enabled(self.enabled)
 
     def set_enabled(self, on: bool) -> None:

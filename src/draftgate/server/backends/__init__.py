@@ -8,7 +8,9 @@ Target specs (``--target`` / a route's ``target`` key):
 * ``openai+http://HOST:PORT`` -- an OpenAI-compatible completion server we do
   not own (llama.cpp's server), verified through its echoed prompt
   log-probabilities (``OpenAITargetEngine``; greedy only unless the route sets
-  ``allow_approximate``).
+  ``allow_approximate``);
+* ``vllm+http://HOST:PORT`` -- a vLLM server running DraftGate's proposer: vLLM drafts
+  and verifies, the gateway switches speculation per request (``VllmPluginBackend``).
 
 Drafter specs (``--drafter`` / a route's ``drafter`` key): the built-in kinds
 (none, ngram, suffix, model, quant, auto), ``http://HOST:PORT`` (a
@@ -36,6 +38,7 @@ __all__ = [
 
 DEFAULT_REMOTE_DRAFT_TIMEOUT_S = 0.05  # a remote drafter that takes longer costs its round's drafts, nothing else
 
+_TARGETS = "'embedded', 'grpc://HOST:PORT[,grpc://...]', 'openai+http://HOST:PORT' or 'vllm+http://HOST:PORT'"
 _HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
@@ -50,6 +53,7 @@ class TargetKind(str, enum.Enum):
     EMBEDDED = "embedded"  # the in-process engine
     GRPC = "grpc"  # `draftgate serve-target` workers
     OPENAI = "openai"  # an OpenAI-compatible completion server
+    VLLM = "vllm"  # a vLLM with DraftGate's proposer (it drafts and verifies)
 
 
 class RemoteDrafterKind(str, enum.Enum):
@@ -68,7 +72,7 @@ class TargetSpec:
             return "embedded"
         if self.kind is TargetKind.GRPC:
             return ",".join(self.addresses)
-        return "openai+" + self.addresses[0]
+        return f"{self.kind.value}+{self.addresses[0]}"
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def parse_target(value: object) -> TargetSpec:
         value = ",".join(value)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(
-            f"target must be 'embedded', 'grpc://HOST:PORT[,grpc://...]' or 'openai+http://HOST:PORT', got {value!r}"
+            f"target must be {_TARGETS}, got {value!r}"
         )
     v = value.strip()
     if v == "embedded":
@@ -115,9 +119,11 @@ def parse_target(value: object) -> TargetSpec:
         url = v[len("openai+") :].rstrip("/")
         _hostport(url[len("http://") :], "OpenAI-compatible target")
         return TargetSpec(TargetKind.OPENAI, (url,))
-    raise ValueError(
-        f"unknown target {v!r}; use 'embedded', 'grpc://HOST:PORT[,grpc://...]' or 'openai+http://HOST:PORT'"
-    )
+    if v.startswith("vllm+http://"):
+        url = v[len("vllm+") :].rstrip("/")
+        _hostport(url[len("http://") :], "vLLM target")
+        return TargetSpec(TargetKind.VLLM, (url,))
+    raise ValueError(f"unknown target {v!r}; use {_TARGETS}")
 
 
 def parse_drafter(value: object, timeout_s: float = DEFAULT_REMOTE_DRAFT_TIMEOUT_S) -> DrafterSpec:

@@ -73,4 +73,20 @@ def build_backend(
             max_queue=cfg.max_queue,
             allow_approximate=allow_approximate,
         )
+    if target.kind is TargetKind.VLLM:
+        from draftgate.server.backends.vllm_plugin import VllmPluginBackend
+
+        return VllmPluginBackend(
+            target.addresses[0], loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max,
+            max_queue=cfg.max_queue,
+        )  # fmt: skip
     raise ValueError(f"unknown target kind {target.kind!r}")
+
+
+def _proposer_drafter(spec: DrafterSpec) -> str | None:
+    """What DraftGate's proposer inside vLLM drafts with for this route (None: nothing)."""
+    if spec.kind is RemoteDrafterKind.HTTP:
+        return "remote"  # vLLM's proposer reaches its own DRAFTGATE_VLLM_DRAFT_URL
+    if spec.kind is DrafterKind.NONE:
+        return None
+    return spec.kind.value
