@@ -23,12 +23,17 @@ demo-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.compare \
 		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
 
-# The vLLM benchmark of docs/BENCHMARKS.md (about 30 minutes on 2 cores).
+# The vLLM benchmark of docs/BENCHMARKS.md (about 35 minutes on 2 cores): held-out prompts at
+# concurrency 1 and 4, repeated-context prompts, and the remote draft worker behind 2 ms each way
+# with the proposer's precomputation on and off.
 bench-vllm: $(STAMP)
-	@eval "$$(scripts/vllm_env.sh)" && for set in heldout repeated; do \
-		$(PY) -m draftgate.integrations.vllm.compare --vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" \
-			--prompts benchmarks/prompts/$$set.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix,dg-ngram \
-			--runs 3 --out bench-vllm-out/$$set || exit 1; done
+	@eval "$$(scripts/vllm_env.sh)" && set -e && \
+	C="$(PY) -m draftgate.integrations.vllm.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL" && \
+	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto --out bench-vllm-out/heldout && \
+	$$C --prompts benchmarks/prompts/repeated.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix --out bench-vllm-out/repeated && \
+	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,dg-auto --concurrency 4 --out bench-vllm-out/heldout-c4 && \
+	for p in on off; do $$C --prompts benchmarks/prompts/heldout.jsonl --limit 9 --arms vllm,dg-ngram,dg-remote \
+		--draft-delay-ms 2 --prefetch $$p --out bench-vllm-out/remote-prefetch-$$p; done
 
 # The whole suite, the live vLLM tests included (they install vLLM's virtualenv once;
 # DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run).

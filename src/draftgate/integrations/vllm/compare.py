@@ -12,7 +12,9 @@ earlier answers. Throughput is output tokens over wall time of the requests, per
 Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``,
 ``dg-suffix``, ``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request
 through ``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram``
-worker this tool starts). ``make demo-vllm`` runs this on the built-in prompts.
+worker this tool starts; ``--draft-delay-ms`` puts a delay proxy between them and ``--prefetch off``
+turns the proposer's precomputation off, to measure what a network round trip costs and how much
+the precomputation hides). ``make demo-vllm`` runs this on the built-in prompts.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from draftgate.bench.delay_proxy import DelayProxy
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
 from draftgate.integrations.vllm.launch import (
     SERVED_NAME,
@@ -144,20 +147,30 @@ def run_compare(
     return tallies, outputs
 
 
+# Rows that sum categories of the held-out prompt set: where drafts come from the context, and where they do not.
+GROUPS = {
+    "grounded": ("summarization", "rag_qa", "code_edit"),
+    "open": ("open_chat", "writing", "translation", "qa"),
+}
+
+
 def render(tallies: Mapping[tuple[str, str], list[Tally]], arms: Sequence[Arm], categories: Sequence[str], concurrency: int) -> str:
     """Markdown: output tokens/s per category and arm (median of runs), ratio to vLLM alone, identical outputs."""
     head = "| category | " + " | ".join(a.name for a in arms) + " |"
     lines = [f"concurrency {concurrency}; tokens/s (median of runs), x vLLM alone, greedy outputs identical to vLLM alone", "",
              head, "|" + "---|" * (len(arms) + 1)]  # fmt: skip
-    for cat in [*categories, "all"]:
+    rows = [(c, [c]) for c in categories]
+    rows += [(g, [c for c in cats if c in categories]) for g, cats in GROUPS.items() if any(c in categories for c in cats)]
+    rows.append(("all", list(categories)))
+    for name, cats in rows:
         cells = []
-        base = _rate(tallies, "vllm", cat, categories)
+        base = _rate(tallies, "vllm", cats)
         for a in arms:
-            rate = _rate(tallies, a.name, cat, categories)
-            ident = _identical(tallies, a.name, cat, categories)
+            rate = _rate(tallies, a.name, cats)
+            ident = _identical(tallies, a.name, cats)
             ratio = f" ({rate / base:.2f}x)" if base and a.name != "vllm" else ""
             cells.append(f"{rate:.1f}{ratio}{ident}")
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -172,12 +185,12 @@ def _runs(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequen
     return per_run
 
 
-def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cat: str, cats: Sequence[str]) -> float:
-    return statistics.median(t.rate for t in _runs(tallies, arm, cats if cat == "all" else [cat]))
+def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequence[str]) -> float:
+    return statistics.median(t.rate for t in _runs(tallies, arm, cats))
 
 
-def _identical(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cat: str, cats: Sequence[str]) -> str:
-    first = _runs(tallies, arm, cats if cat == "all" else [cat])[0]
+def _identical(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequence[str]) -> str:
+    first = _runs(tallies, arm, cats)[0]
     return f", {first.identical}/{first.compared} same" if arm != "vllm" and first.compared else ""
 
 
@@ -204,7 +217,24 @@ def _draft_worker(port: int) -> Iterator[str]:
         proc.wait(10)
 
 
-def _servers(stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_k: int, logs: Path) -> tuple[dict[str, str], str | None]:
+@dataclass(frozen=True)
+class RemoteTier:
+    """How ``dg-remote`` reaches its draft worker."""
+
+    delay_ms: float = 0.0  # added each way by a delay proxy (0: straight to the worker)
+    prefetch: bool = True  # the proposer's precomputation (DRAFTGATE_VLLM_PREFETCH)
+
+    def url(self, stack: ExitStack) -> str:
+        worker = stack.enter_context(_draft_worker(free_port()))
+        if self.delay_ms <= 0:
+            return worker
+        port = stack.enter_context(DelayProxy(("127.0.0.1", int(worker.rsplit(":", 1)[1])), self.delay_ms / 1000.0))
+        return f"http://127.0.0.1:{port}"
+
+
+def _servers(
+    stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_k: int, logs: Path, remote: RemoteTier
+) -> tuple[dict[str, str], str | None]:
     """Start the vLLM processes the arms need, one after another; their URLs, and the proposer's side server."""
     need = {a.server for a in arms}
     urls: dict[str, str] = {}
@@ -223,7 +253,8 @@ def _servers(stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_
             extra["DRAFTGATE_VLLM_CONTROL_PORT"] = str(port)
             control = f"http://127.0.0.1:{port}"
             if any(a.name == "dg-remote" for a in arms):
-                extra["DRAFTGATE_VLLM_DRAFT_URL"] = stack.enter_context(_draft_worker(free_port()))
+                extra["DRAFTGATE_VLLM_DRAFT_URL"] = remote.url(stack)
+                extra["DRAFTGATE_VLLM_PREFETCH"] = "1" if remote.prefetch else "0"
         urls[server] = stack.enter_context(vllm_server(VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log")))
     return urls, control
 
@@ -244,6 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     ap.add_argument("--k", type=int, default=8, help="DraftGate's largest K, num_speculative_tokens (default: %(default)s)")
     ap.add_argument("--ngram-k", type=int, default=8, help="K of vLLM's own ngram arm (default: %(default)s)")
+    ap.add_argument("--draft-delay-ms", type=float, default=0.0,
+                    help="dg-remote: milliseconds added each way between vLLM and the draft worker (a delay proxy; default: none)")
+    ap.add_argument("--prefetch", choices=("on", "off"), default="on",
+                    help="dg-remote: draft the next round while vLLM verifies (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("vllm-compare"), help="folder for logs and results (default: %(default)s)")
     a = ap.parse_args(argv)
     unknown = [n for n in a.arms.split(",") if n not in ARMS]
@@ -256,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = load_prompts(a.prompts or builtin_prompts_path(), limit=a.limit)
     a.out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out)
+        remote = RemoteTier(a.draft_delay_ms, a.prefetch == "on")
+        urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
         tallies, _ = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
         stats = httpx.get(f"{control}/stats", timeout=10).json() if control else None
     cats = list(dict.fromkeys(p.category for p in prompts))
