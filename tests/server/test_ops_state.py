@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from draftgate.drafters import NgramDrafter
-from draftgate.engine import CostModel, TargetInfo
+from draftgate.engine import CostModel
 from draftgate.server import Route, RouteTable
 from draftgate.server.ops import CanaryConfig, Finished, Ops, OpsConfig
 from draftgate.types import SamplingParams, SpecStats
@@ -21,7 +19,7 @@ class FakeBackend:
         self.speculation_enabled = True
         self.k, self.k_max = None, 8
         self.cost = CostModel()
-        self.target = SimpleNamespace(info=TargetInfo("fake", 96, None))
+        self.max_context = 96
 
     def submit(self, ids, params, sink, speculate: bool = True):  # type: ignore[no-untyped-def]
         return lambda: None

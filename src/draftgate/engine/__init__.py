@@ -6,6 +6,7 @@ from draftgate.engine.engine import Chunk, Completion, Engine
 from draftgate.engine.factory import build_engine
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.scored_target import ScoredTarget, Scorer
+from draftgate.engine.sequence import IncrementalText, StopChecker
 from draftgate.engine.session_host import SessionHost
 from draftgate.engine.target import NotNow, RoundDone, RoundTarget, RoundWork, TargetInfo
 
@@ -16,6 +17,7 @@ __all__ = [
     "DrafterKind",
     "Engine",
     "EngineConfig",
+    "IncrementalText",
     "build_engine",
     "LocalTarget",
     "NotNow",
@@ -25,5 +27,6 @@ __all__ = [
     "ScoredTarget",
     "Scorer",
     "SessionHost",
+    "StopChecker",
     "TargetInfo",
 ]

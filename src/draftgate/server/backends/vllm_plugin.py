@@ -34,9 +34,8 @@ from typing import Any
 import httpx
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Chunk, CostModel
+from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker
 from draftgate.engine.frontend import Frontend, Sink
-from draftgate.engine.sequence import IncrementalText, StopChecker
 from draftgate.errors import BadRequestError, CapacityError, DraftGateError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams, SpecStats
