@@ -3,7 +3,8 @@
     python -m draftgate.integrations.vllm.compare --vllm-python PY --model HF_FOLDER \\
         --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto
 
-Each kind of server runs in its own vLLM process (all up at once, idle ones cost nothing);
+Each kind of server runs in its own vLLM process, all up at once (on a small machine the others'
+engine cores still take CPU: compare few arms at a time for the cleanest ratios);
 requests go one arm at a time, the arms' order rotated per prompt, so drift on a shared machine
 falls on every arm alike. Greedy decoding; each arm's tokens are checked against vLLM alone
 (``identical``). Prompts with several turns are answered turn by turn, each arm on its own
