@@ -115,14 +115,11 @@ def parse_target(value: object) -> TargetSpec:
         if len(set(addrs)) != len(addrs):
             raise ValueError(f"target {v!r} names a worker twice")
         return TargetSpec(TargetKind.GRPC, tuple(addrs))
-    if v.startswith("openai+http://"):
-        url = v[len("openai+") :].rstrip("/")
-        _hostport(url[len("http://") :], "OpenAI-compatible target")
-        return TargetSpec(TargetKind.OPENAI, (url,))
-    if v.startswith("vllm+http://"):
-        url = v[len("vllm+") :].rstrip("/")
-        _hostport(url[len("http://") :], "vLLM target")
-        return TargetSpec(TargetKind.VLLM, (url,))
+    for kind, what in ((TargetKind.OPENAI, "OpenAI-compatible target"), (TargetKind.VLLM, "vLLM target")):
+        if v.startswith(f"{kind.value}+http://"):
+            url = v[len(kind.value) + 1 :].rstrip("/")
+            _hostport(url[len("http://") :], what)
+            return TargetSpec(kind, (url,))
     raise ValueError(f"unknown target {v!r}; use {_TARGETS}")
 
 

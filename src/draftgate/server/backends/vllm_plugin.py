@@ -210,8 +210,9 @@ class VllmPluginBackend(Frontend):
         return body
 
     def _stats(self, body: dict[str, Any]) -> SpecStats:
-        on = bool(body["vllm_xargs"]["draftgate_speculate"])
-        return SpecStats(drafter=self.proposer_drafter or "none" if on else "none")
+        """The drafter the request ran with; vLLM reports no per-request counts (see its /metrics)."""
+        on = body["vllm_xargs"]["draftgate_speculate"] and self.proposer_drafter is not None
+        return SpecStats(drafter=self.proposer_drafter if on else "none")  # type: ignore[arg-type]
 
     def _run(
         self, body: dict[str, Any], params: SamplingParams, sink: Sink, stop: threading.Event
@@ -220,7 +221,7 @@ class VllmPluginBackend(Frontend):
         out: list[int] = []
 
         def emit(ids: list[int], reason: str | None) -> None:
-            sink(Chunk(ids, text.delta(self._decode, ids, reason is not None), reason, None,
+            sink(Chunk(ids, text.delta(self.tokenizer.decode, ids, reason is not None), reason, None,
                        self._stats(body) if reason else None, len(body["prompt"])))  # fmt: skip
 
         try:
@@ -260,9 +261,6 @@ class VllmPluginBackend(Frontend):
         finally:
             with self._lock:
                 self._running -= 1
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
 
 
 def _finish(reason: object) -> str | None:
