@@ -169,6 +169,7 @@ def test_switch_and_options_from_outside(spec: Spec, plain_greedy: dict[str, lis
     pid, msgs = PROMPTS[0]
     # The runtime switch: off, nothing is drafted; on again, drafts resume.
     assert httpx.post(f"{spec.control}/control", json={"enabled": False}).json() == {"enabled": False}
+    spec.wait_idle()
     before = spec.drafter("auto")
     assert _chat(spec.url, msgs)[0] == plain_greedy[pid]
     assert spec.drafter("auto")["drafted"] == before["drafted"]

@@ -8,6 +8,7 @@ worker, the side server on), and the n-gram draft worker ``spec`` drafts from.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,18 @@ class Spec:
 
     def drafter(self, name: str) -> dict[str, int]:
         return self.stats()["drafters"][name]  # type: ignore[no-any-return]
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Wait until vLLM runs and queues no request (an aborted one may draft a few more rounds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = httpx.get(f"{self.url}/metrics", timeout=10).text
+            busy = [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+            ]
+            if busy and not any(busy):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"vLLM at {self.url} still busy after {timeout:.0f} s")
