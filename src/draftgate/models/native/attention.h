@@ -2,7 +2,7 @@
 // query heads that share a kv head (GQA) and the consecutive rows of one sequence (a verify pass's
 // K + 1 rows read the same keys). One load of a key or value vector feeds every query of the
 // group, and the independent FMA chains of a tile keep both FMA ports busy; one query at a time
-// left them waiting on a single chain's latency (docs/BENCHMARKS.md, issue 13).
+// left them waiting on a single chain's latency (docs/BENCHMARKS.md).
 //
 // Batch invariance: grouping decides which queries share a load, never a rounding. Each score is
 // one FMA chain over d (ascending, from 0) of its own query and key, scaled by 1/sqrt(D); each

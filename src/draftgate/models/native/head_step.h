@@ -6,7 +6,7 @@
 // head's weights once, not once per request).
 //
 // Why native: in the engine's thread a step in torch spent more time in its ~40 small ops (five
-// RMS norms, RoPE, SDPA, concatenations) than in its products (docs/BENCHMARKS.md, issue 13).
+// RMS norms, RoPE, SDPA, concatenations) than in its products (docs/BENCHMARKS.md).
 // Same math as EagleHead.extend + logits (float32, the products' weights as packed), so drafts
 // change only where float rounding breaks a near-tie; drafts are verified either way.
 //

@@ -4,7 +4,7 @@
 // process holds more OpenMP threads than CPUs, which happens whenever two threads have ever run
 // a parallel region (the main thread that loaded the model, the engine thread that decodes).
 // Every small parallel region then pays a futex wake-up, and a one-token forward on the bundled
-// model took 47 ms instead of 25 (docs/BENCHMARKS.md, issue 12). This pool's workers spin for a
+// model took 47 ms instead of 25 (docs/BENCHMARKS.md). This pool's workers spin for a
 // bounded time after each job and then sleep, whoever calls it.
 //
 // One job runs at a time: a caller that finds the pool busy (a second model in another thread)
