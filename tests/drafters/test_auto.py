@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from draftgate.drafters import Draft, DraftRequest
+from draftgate.drafters import Abilities, Draft, DraftRequest
 from draftgate.drafters.auto import AutoDrafter
 from draftgate.types import SamplingParams
 
@@ -18,6 +18,7 @@ class CountingDrafter:
 
     name = "counting"
     sampled_q = False
+    abilities = Abilities()
 
     def __init__(self) -> None:
         self.calls: list[int] = []
@@ -79,6 +80,7 @@ class HeadLike(CountingDrafter):
     def __init__(self) -> None:
         super().__init__()
         self.fed: list[tuple[int, int]] = []
+        self.abilities = Abilities(features=self)
 
     def feed(self, seq_id: int, start: int, feats: object) -> None:
         self.fed.append((seq_id, start))

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from engine_support import TINY_PROMPTS, TINY_SETTINGS, assert_no_leaks
 
 from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.models.loader import LoadedModel
@@ -51,3 +52,19 @@ def make_tiny(tiny_model: LoadedModel) -> Iterator[Callable[..., Engine]]:
     finally:
         for e in made:
             e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_plain(tiny_model: LoadedModel) -> dict[str, list[list[int]]]:
+    """Plain decoding references, one request at a time: greedy and each seeded sampling setting."""
+    eng = build_engine(
+        EngineConfig(drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model
+    )
+    try:
+        out = {}
+        for name, params in TINY_SETTINGS.items():
+            out[name] = [eng.complete(p, params).token_ids for p in TINY_PROMPTS]
+        assert_no_leaks(eng)
+        return out
+    finally:
+        eng.shutdown()

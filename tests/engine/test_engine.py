@@ -11,134 +11,34 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import pytest
+from engine_support import (
+    TINY_NEW,
+    TINY_PROMPTS,
+    TINY_SETTINGS,
+    WAIT_S,
+    FrozenCost,
+    OracleDrafter,
+    Result,
+    assert_no_leaks,
+    engine_with,
+    gather_generate,
+    run_batch,
+    run_batch_allow_error,
+    running,
+    spec_engine,
+    tiny_prompts,
+)
 
-from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.drafters.base import Draft, DraftRequest
 from draftgate.drafters.eagle import shipped_head
-from draftgate.engine import Chunk, CostModel, DrafterKind, Engine, EngineConfig, build_engine
-from draftgate.engine.controller import FEW_PLAIN_TIMINGS
+from draftgate.engine import Chunk, DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.factory import build_drafter
 from draftgate.errors import BadRequestError, CapacityError
 from draftgate.models.loader import LoadedModel
-from draftgate.types import SamplingParams, SpecStats
-
-# ------------------------------------------------------------------ helpers
-
-WAIT_S = 180.0  # a generous bound on any one request set: a hang fails, never blocks CI
-
-
-@dataclass
-class Result:
-    """Everything one request sent to its sink."""
-
-    chunks: list[Chunk] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def __call__(self, c: Chunk) -> None:
-        self.chunks.append(c)
-        if c.finish_reason is not None:
-            self.done.set()
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for c in self.chunks for t in c.token_ids]
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.chunks)
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.chunks[-1].finish_reason if self.chunks else None
-
-    @property
-    def stats(self) -> SpecStats:
-        s = self.chunks[-1].stats
-        assert s is not None
-        return s
-
-
-def run_batch(
-    engine: Engine, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]
-) -> list[Result]:
-    """Submit every request before the loop can take one, then wait for all: they share rounds."""
-    ps = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-    results = [Result() for _ in prompts]
-    for ids, p, r in zip(prompts, ps, results, strict=True):
-        engine.submit(list(ids), p, r)
-    engine.start()
-    for r in results:
-        assert r.done.wait(WAIT_S), "request never finished"
-    for r in results:
-        assert r.finish_reason != "error", r.chunks[-1].error
-    return results
-
-
-def gather_generate(
-    engine: Engine, prompts: Sequence[list[int]], params: SamplingParams
-) -> list[list[int]]:
-    """The async API: asyncio.gather over generate(), one stream per prompt."""
-
-    async def one(ids: list[int]) -> list[int]:
-        out: list[int] = []
-        async for c in engine.generate(ids, params):
-            assert c.finish_reason != "error", c.error
-            out.extend(c.token_ids)
-        return out
-
-    async def all_() -> list[list[int]]:
-        return list(
-            await asyncio.wait_for(asyncio.gather(*(one(list(p)) for p in prompts)), WAIT_S)
-        )
-
-    return asyncio.run(all_())
-
-
-def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while engine.num_running or engine.num_waiting or engine.runner.kv.num_sequences:
-        assert time.monotonic() < deadline, "engine never became idle"
-        time.sleep(0.005)
-
-
-def assert_no_leaks(engine: Engine) -> None:
-    """Every request has ended: no sequence registered, blocks free or held only by the prefix cache."""
-    wait_idle(engine)
-    engine.runner.kv.check_no_leaks()
-    assert engine.target.reserved_blocks == 0, f"engine still reserves {engine.target.reserved_blocks} blocks"
-
-
-def spec_engine(
-    base: Engine, loaded: LoadedModel, kind: DrafterKind, k: int | None, k_max: int = 8, draft_head: str | None = None
-) -> Engine:
-    """An engine with drafter `kind` and K over base's runner (what build_engine does, minus the weights copy)."""
-    cfg = EngineConfig(drafter=kind, k=k, k_max=k_max, draft_head=draft_head).validate()
-    drafter = build_drafter(cfg, loaded)
-    return Engine(
-        base.runner, drafter, k=cfg.k if drafter else 0, k_max=cfg.k_max, max_batch=base.max_batch
-    )
-
-
-def engine_with(base: Engine, drafter: Drafter | None, k: int | None, k_max: int = 8) -> Engine:
-    """An engine over base's runner with a test-local drafter."""
-    return Engine(base.runner, drafter, k=k, k_max=k_max, max_batch=base.max_batch)
-
-
-@contextmanager
-def running(engine: Engine) -> Iterator[Engine]:
-    """Start the engine; on exit check nothing leaked and stop its thread."""
-    engine.start()
-    try:
-        yield engine
-        assert_no_leaks(engine)
-    finally:
-        engine.shutdown()
-
+from draftgate.types import SamplingParams
 
 GROUNDED = "Repeat this list exactly, separated by commas: apples, pears, plums, cherries, grapes, lemons, limes, figs."
 CODE = "Rewrite this code with the variable x renamed to count:\ndef f(x):\n    x = x + 1\n    return x * x\n"
@@ -193,7 +93,7 @@ def test_real_greedy_batch_of_4_equals_plain(
     prompts = [real_ids[p] for p in REAL_PROMPTS]
     spec = spec_engine(real_engine, real_model, kind, k)
     if k is None and kind == DrafterKind.EAGLE:
-        spec.cost = FrozenCost()
+        spec.policy.cost = FrozenCost()
     with running(spec) as eng:
         if k is None:  # the async API: asyncio.gather over generate()
             outs = gather_generate(eng, prompts, params)
@@ -248,7 +148,7 @@ def test_real_head_alone_equals_plain_on_every_prompt(
     head = str(shipped_head(real_model))
     spec = spec_engine(real_engine, real_model, kind, k, draft_head=head)
     if k is None:
-        spec.cost = FrozenCost()
+        spec.policy.cost = FrozenCost()
     with running(spec) as eng:
         for p in REAL_PROMPTS:
             got = eng.complete(real_ids[p], params)
@@ -380,49 +280,6 @@ def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> 
 # =================================================================== tiny model
 
 
-def _tiny_prompts(n: int, seed: int) -> list[list[int]]:
-    """Random prompts with repeated segments (so prompt lookup finds something), 5..40 tokens."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        unit = rng.choices(range(3, 96), k=rng.randint(2, 9))
-        noise = rng.choices(range(3, 96), k=rng.randint(0, 6))
-        out.append(((unit * 6)[: rng.randint(4, 30)] + noise + unit)[:40])
-    return out
-
-
-TINY_PROMPTS = _tiny_prompts(10, seed=2024)
-TINY_NEW = 40
-
-
-@pytest.fixture(scope="module")
-def tiny_plain(tiny_model: LoadedModel) -> dict[str, list[list[int]]]:
-    """Plain decoding references, one request at a time: greedy and each seeded sampling setting."""
-    eng = build_engine(
-        EngineConfig(drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model
-    )
-    try:
-        out = {}
-        for name, params in TINY_SETTINGS.items():
-            out[name] = [eng.complete(p, params).token_ids for p in TINY_PROMPTS]
-        assert_no_leaks(eng)
-        return out
-    finally:
-        eng.shutdown()
-
-
-TINY_SETTINGS = {
-    "greedy": SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True),
-    "t0.8": SamplingParams(temperature=0.8, seed=5, max_new_tokens=TINY_NEW, ignore_eos=True),
-    "topk20": SamplingParams(
-        temperature=1.0, top_k=20, seed=6, max_new_tokens=TINY_NEW, ignore_eos=True
-    ),
-    "topp0.9": SamplingParams(
-        temperature=1.0, top_p=0.9, seed=7, max_new_tokens=TINY_NEW, ignore_eos=True
-    ),
-}
-
-
 @pytest.mark.parametrize("k", [*range(1, 9), None], ids=_kid)
 @pytest.mark.parametrize("kind", [DrafterKind.NGRAM, DrafterKind.SUFFIX], ids=lambda d: d.value)
 def test_tiny_greedy_speculative_equals_plain(
@@ -483,7 +340,7 @@ def test_a_sampled_model_draft_gives_a_seed_the_same_tokens_alone_or_in_a_batch(
     follow the clock or the batch for a seeded request (it did: 2 of 24 seeded runs differed)."""
     eng = make_tiny(DrafterKind.MODEL, k, draft_model=str(tiny_draft_dir), max_batch=8)
     eng.start()
-    prompts = _tiny_prompts(6, seed=5)
+    prompts = tiny_prompts(6, seed=5)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i, max_new_tokens=40, ignore_eos=True)
               for i in range(6)]  # fmt: skip
     alone = [eng.complete(ids, p).token_ids for ids, p in zip(prompts, params, strict=True)]
@@ -520,43 +377,6 @@ def test_plain_engine_matches_a_naive_decode_loop(
 # ------------------------------------------------------------------ drafts that follow plain decoding
 
 
-class OracleDrafter:
-    """Drafts the reference continuation (known in advance), corrupting each token with probability `noise`.
-
-    noise = 0: every draft is accepted, so blocks run through EOS and stop strings.
-    noise > 0: acceptance stops at random positions, exercising rollback at every offset.
-    """
-
-    name = "oracle"
-    sampled_q = False
-
-    def __init__(self, refs: Sequence[list[int]], noise: float = 0.0, seed: int = 0) -> None:
-        self.refs = [list(r) for r in refs]
-        self.noise = noise
-        self.rng = random.Random(seed)
-        self.rounds: list[tuple[int, int]] = []  # (drafted, accepted) as observed
-
-    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        out = []
-        for r in requests:
-            h = list(r.tokens)
-            ref = next((x for x in self.refs if x[: len(h)] == h), [])
-            cont = ref[len(h) : len(h) + r.k]
-            cont = [
-                self.rng.randrange(3, 96) if self.rng.random() < self.noise else t for t in cont
-            ]
-            out.append(Draft(token_ids=cont))
-        return out
-
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
-        self.rounds.append((num_drafted, num_accepted))
-
-    def release(self, seq_id: int) -> None:
-        pass
-
-
 @pytest.mark.parametrize("k", [2, 5, 8])
 def test_tiny_jagged_acceptance_rollback_equals_plain(
     make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], k: int
@@ -571,55 +391,12 @@ def test_tiny_jagged_acceptance_rollback_equals_plain(
     assert accepted >= {0, 1, k}, f"rollback offsets not all exercised: {sorted(accepted)}"
 
 
-class EveryOtherDrafter(OracleDrafter):
-    """The oracle, but it proposes nothing on every other call (as after a plain round)."""
-
-    name = "every-other"
-    sampled_q = False
-
-    def __init__(self, refs: Sequence[list[int]]) -> None:
-        super().__init__(refs)
-        self.calls = 0
-
-    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        self.calls += 1
-        if self.calls % 2 == 0:
-            return [Draft(token_ids=[]) for _ in requests]
-        return super().propose(requests)
-
-
-@pytest.mark.parametrize("every_other", [False, True])
-def test_only_steady_state_draft_calls_are_priced(
-    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], every_other: bool
-) -> None:
-    """A draft call right after a round that drafted nothing includes the drafter's catch-up:
-    the cost model must not price k by it (a model drafter would be priced out for good), nor
-    price its catch-up before any steady-state call was timed (the whole call would count)."""
-    base = make_tiny(DrafterKind.NONE, max_batch=1)
-    refs = [TINY_PROMPTS[0] + tiny_plain["greedy"][0]]
-    drafter = EveryOtherDrafter(refs) if every_other else OracleDrafter(refs)
-    eng = engine_with(base, drafter, k=2)
-    priced: list[int] = []
-    caught: list[int] = []
-    observe, observe_catch_up = eng.cost.observe_draft, eng.cost.observe_catch_up
-    eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
-    eng.cost.observe_catch_up = lambda name, n, s: (caught.append(n), observe_catch_up(name, n, s))  # type: ignore[method-assign]
-    with running(eng):
-        (res,) = run_batch(eng, TINY_PROMPTS[:1], TINY_SETTINGS["greedy"])
-    assert res.token_ids == tiny_plain["greedy"][0]
-    drafting_rounds = sum(1 for d, _ in drafter.rounds if d)
-    assert drafting_rounds >= 3
-    # every round drafts: all but the first are priced; every other round drafts: none is
-    assert len(priced) == (0 if every_other else drafting_rounds - 1)
-    assert caught == []  # the prompt's catch-up came before any steady-state price, and so did every_other's
-
-
 # ------------------------------------------------------------------ stop rules
 
 
 def _find_eos_prompt(eng: Engine) -> tuple[list[int], list[int]]:
     """A prompt whose greedy output hits EOS after a few tokens, with its plain output."""
-    prompts = [p for seed in range(64) for p in _tiny_prompts(1, seed=seed)]
+    prompts = [p for seed in range(64) for p in tiny_prompts(1, seed=seed)]
     for prompt, r in zip(
         prompts, run_batch(eng, prompts, SamplingParams(max_new_tokens=40)), strict=True
     ):
@@ -798,7 +575,7 @@ def test_many_concurrent_requests_then_no_leaks(make_tiny: Callable[..., Engine]
         DrafterKind.AUTO, None, num_blocks=96, max_batch=8
     )  # blocks for fewer than 30 at once
     rng = random.Random(3)
-    prompts = _tiny_prompts(30, seed=99)
+    prompts = tiny_prompts(30, seed=99)
     params = [
         SamplingParams(
             temperature=rng.choice([0.0, 0.7, 1.0]), seed=i, max_new_tokens=rng.randint(1, 30)
@@ -847,18 +624,6 @@ def test_target_failure_is_an_error_and_frees_kv(
         "stop",
     )
     assert_no_leaks(eng)
-
-
-def run_batch_allow_error(
-    eng: Engine, prompts: Sequence[list[int]], params: SamplingParams
-) -> list[Result]:
-    results = [Result() for _ in prompts]
-    for ids, r in zip(prompts, results, strict=True):
-        eng.submit(ids, params, r)
-    eng.start()
-    for r in results:
-        assert r.done.wait(WAIT_S)
-    return results
 
 
 class BrokenDrafter(OracleDrafter):
@@ -916,74 +681,6 @@ def test_failed_drafter_degrades_to_plain_decoding(
     assert res[0].stats.draft_tokens <= 3 * 3
     for r in res[1:]:
         assert r.stats.accepted_tokens == r.stats.draft_tokens > 0
-
-
-class TwoSourceDrafter(OracleDrafter):
-    """Two sources taking turns: the oracle (always accepted) and junk (never accepted)."""
-
-    name = "two"
-
-    def __init__(self, refs: Sequence[list[int]]) -> None:
-        super().__init__(refs)
-        self.turn = 0
-        self.planned: dict[int, str] = {}
-        self.ks: dict[str, list[int]] = {"two+oracle": [], "two+junk": []}
-
-    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
-        self.turn += 1
-        self.planned[seq_id] = "two+oracle" if self.turn % 2 else "two+junk"
-        return self.planned[seq_id]
-
-    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        drafts = super().propose(requests)
-        for i, r in enumerate(requests):
-            src = self.planned[r.seq_id]
-            self.ks[src].append(r.k)
-            if src == "two+junk":  # every token differs from the reference's (in 3..95): never accepted
-                drafts[i] = Draft([3 + (t - 2) % 93 for t in drafts[i].token_ids])
-        return drafts
-
-
-class FrozenCost(CostModel):
-    """Forward prices timed once, never re-measured, drafts free: the controllers' choices then
-    follow acceptance alone, not this machine's load (a loaded suite once halved the junk probes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        for _ in range(FEW_PLAIN_TIMINGS):  # enough timings that plain's price needs no re-measuring
-            for n in range(1, 18):
-                super().observe_forward(n, 1.0 + 0.05 * (n - 1))
-
-    def observe_forward(self, num_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_draft(self, drafter: str, num_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_catch_up(self, drafter: str, num_tokens: int, seconds: float) -> None:
-        pass
-
-
-def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engine]) -> None:
-    """A drafter with sources (auto: lookups and a head): each source's acceptance is its own.
-
-    One controller for both would see ~half the drafts accepted and draft the same K from both.
-    """
-    base = make_tiny(DrafterKind.NONE, max_batch=1)
-    params = SamplingParams(max_new_tokens=160, ignore_eos=True)
-    with running(base) as eng:
-        (plain,) = run_batch(eng, TINY_PROMPTS[:1], params)
-    drafter = TwoSourceDrafter([TINY_PROMPTS[0] + plain.token_ids])
-    spec = engine_with(base, drafter, k=None)
-    spec.cost = FrozenCost()
-    with running(spec) as eng:
-        res = run_batch(eng, TINY_PROMPTS[:1], params)
-        pools = dict(eng._pools)  # noqa: SLF001
-    assert res[0].token_ids == plain.token_ids
-    good, junk = drafter.ks["two+oracle"], drafter.ks["two+junk"]
-    assert len(junk) >= 8 and max(good) == 8
-    assert pools["two+oracle"].alpha() > 0.9 and pools["two+junk"].alpha() < 0.15, (
-        pools["two+oracle"].alpha(), pools["two+junk"].alpha())  # fmt: skip
 
 
 # ------------------------------------------------------------------ bad input
@@ -1107,44 +804,3 @@ def test_nan_logits_end_that_request_with_a_clear_error(
     assert good.finish_reason == "length" and good.token_ids == tiny_plain["greedy"][0]
     assert_no_leaks(eng)
 
-
-def test_k_choice_sees_the_other_sequences_tokens_and_draft_calls_are_priced_per_request(
-    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """other_tokens is tokens (k + 1 of each sequence chosen before, 1 for each still to choose),
-    not a count of sequences; a batch's draft call is priced by its longest draft, the k a
-    request looks up, not by the batch's total."""
-    base = make_tiny(DrafterKind.NONE, max_batch=4)
-    refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
-    eng = engine_with(base, OracleDrafter(refs), k=None, k_max=3)
-    choose, step = eng._choose_k, eng._step
-    seen: list[tuple[int, int]] = []  # (other_tokens, k chosen) in batch order
-    rounds: list[list[tuple[int, int]]] = []
-
-    def recorded_choose(r, other_tokens):  # noqa: ANN001, ANN202
-        k = choose(r, other_tokens)
-        seen.append((other_tokens, k))
-        return k
-
-    def recorded_step() -> None:
-        seen.clear()
-        step()
-        rounds.append(list(seen))
-
-    monkeypatch.setattr(eng, "_choose_k", recorded_choose)
-    monkeypatch.setattr(eng, "_step", recorded_step)
-    priced: list[int] = []
-    observe = eng.cost.observe_draft
-    eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
-    try:  # not `running`: the loop starts after all three are queued (else one may finish before the third arrives)
-        res = run_batch(eng, TINY_PROMPTS[:3], TINY_SETTINGS["greedy"])
-        assert_no_leaks(eng)
-    finally:
-        eng.shutdown()
-    assert [r.token_ids for r in res] == tiny_plain["greedy"][:3]
-    assert any(len(r) == 3 for r in rounds)
-    for r in rounds:
-        ks = [k for _, k in r]
-        assert [o for o, _ in r] == [sum(k + 1 for k in ks[:i]) + len(r) - 1 - i for i in range(len(r))]
-    assert any(k for r in rounds if len(r) == 3 for _, k in r)  # speculation ran with three in the batch
-    assert priced and max(priced) <= 3  # the longest draft (k_max 3), never the batch's total

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ
 from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import speculative_step
@@ -118,6 +118,7 @@ class SampledDrafter:
 
     name = "sampled"
     sampled_q = True
+    abilities = Abilities()
 
     def __init__(self, q: Tensor | SparseQ, seed: int) -> None:
         self.q = q
@@ -162,13 +163,13 @@ def test_step_with_sampled_drafter_emits_target_distribution(
         for rep in range(R):
             seqs = [_seq(runner, SAMPLED, seed=rep * B + sid, seq_id=sid) for sid in ids]
             res = speculative_step(LocalTarget(runner), drafter, seqs, [K] * B)
-            for s, e, a in zip(seqs, res.emitted, res.accepted, strict=True):
+            for s, e, a in zip(seqs, [x.emitted for x in res.rounds], [x.accepted for x in res.rounds], strict=True):
                 counts[e[0]] += 1
                 accepted += a
                 # Rolled back to the accepted prefix.
                 assert runner.length(s.seq_id) == len(s.history) - 1
                 runner.truncate(s.seq_id, len(PROMPT))
-            assert not any(res.draft_failed)
+            assert not any([x.draft_failed for x in res.rounds])
     finally:
         for sid in ids:
             runner.free(sid)
@@ -184,6 +185,7 @@ class FixedDrafter:
 
     name = "fixed"
     sampled_q = False
+    abilities = Abilities()
 
     def __init__(self, drafts: dict[int, Draft]) -> None:
         self.drafts = drafts
@@ -224,15 +226,15 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
     seqs = [_seq(runner, GREEDY, seed=0, seq_id=sid) for sid in plan]
     try:
         res = speculative_step(LocalTarget(runner), drafter, seqs, [k for k, _ in plan.values()])
-        assert res.drafted == [k for k, _ in plan.values()]
-        assert res.accepted == [a for _, a in plan.values()]
+        assert [x.drafted for x in res.rounds] == [k for k, _ in plan.values()]
+        assert [x.accepted for x in res.rounds] == [a for _, a in plan.values()]
         assert res.forward_tokens == sum(k + 1 for k, _ in plan.values())
-        for s, e, (_, a) in zip(seqs, res.emitted, plan.values(), strict=True):
+        for s, e, (_, a) in zip(seqs, [x.emitted for x in res.rounds], plan.values(), strict=True):
             assert e == cont[: a + 1] and s.output == plain[: a + 2]
             assert runner.length(s.seq_id) == len(PROMPT) + 1 + a == len(s.history) - 1
         # A second step continues from the rolled-back state exactly as plain decoding would.
         res2 = speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
-        for s, e in zip(seqs, res2.emitted, strict=True):
+        for s, e in zip(seqs, [x.emitted for x in res2.rounds], strict=True):
             assert s.output == plain[: len(s.output)] and len(e) == 1
     finally:
         for sid in plan:
@@ -273,8 +275,8 @@ def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | Non
         seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
     try:
         res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 3, 3])
-        assert res.draft_failed == [False, True, False]
-        assert res.drafted == [3, 0, 3]
+        assert [x.draft_failed for x in res.rounds] == [False, True, False]
+        assert [x.drafted for x in res.rounds] == [3, 0, 3]
         for s in seqs:
             assert runner.length(s.seq_id) == len(s.history) - 1
     finally:
@@ -308,11 +310,11 @@ def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_not
         seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
     try:
         res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0])
-        assert res.drafted == [3, 0] and res.draft_failed == [False, False]
+        assert [x.drafted for x in res.rounds] == [3, 0] and [x.draft_failed for x in res.rounds] == [False, False]
         assert calls == [[311, 312], [311]]
         calls.clear()
         res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0], hidden=[False, True])
-        assert res.drafted == [3, 0] and calls == [[311]]
+        assert [x.drafted for x in res.rounds] == [3, 0] and calls == [[311]]
         for s in seqs:
             assert runner.length(s.seq_id) == len(s.history) - 1
     finally:
@@ -359,8 +361,8 @@ def test_a_draft_tree_keeps_the_path_the_target_follows(runner: ModelRunner, par
     seqs = [_seq(runner, params, seed=0, seq_id=sid) for sid in plan]
     try:
         res = speculative_step(LocalTarget(runner), drafter, seqs, [3] * len(plan))
-        assert res.accepted == [a for *_, a in plan.values()]
-        assert res.branch_rows == [len(t) for _, t, _ in plan.values()]
+        assert [x.accepted for x in res.rounds] == [a for *_, a in plan.values()]
+        assert [x.branch_rows for x in res.rounds] == [len(t) for _, t, _ in plan.values()]
         assert res.forward_tokens == sum(len(d) + 1 + len(t) for d, t, _ in plan.values())
         for s, (*_, a) in zip(seqs, plan.values(), strict=True):
             assert s.output == plain[: a + 2]
@@ -388,9 +390,9 @@ def test_a_draft_tree_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel
         c = plain[1:]
         d = Draft([(c[0] + 1) % V, 3, 4], tree=((0, c[0]), (4, c[1]), (5, c[2])))
         res = speculative_step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
-        assert res.accepted == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
+        assert [x.accepted for x in res.rounds] == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
         ran = 3 if accepted else 0  # a skipped tree ran no rows: none counted, none priced
-        assert res.branch_rows == [ran] and res.forward_tokens == 4 + ran
+        assert [x.branch_rows for x in res.rounds] == [ran] and res.forward_tokens == 4 + ran
     finally:
         small.free(1)
     small.kv.check_no_leaks()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 
 ADMIN = "/admin/routes"
 PROMPT = "hello world the an is of hello world the an is of hello world"
@@ -16,6 +16,7 @@ class GarbageDrafter:
 
     name = "garbage"
     sampled_q = False
+    abilities = Abilities()
 
     def __init__(self, token: int = 95, sleep_s: float = 0.004) -> None:
         self.token, self.sleep_s = token, sleep_s

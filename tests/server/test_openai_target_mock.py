@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from draftgate.drafters import NgramDrafter
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.models.loader import LoadedModel
 from draftgate.server.backends.openai_target import OpenAITargetEngine, TokenPieces
 from draftgate.types import SamplingParams
@@ -81,6 +81,7 @@ class HalfRightDrafter:
 
     name = "halfright"
     sampled_q = False
+    abilities = Abilities()
 
     def __init__(self, server: RuleServer) -> None:
         self.server = server

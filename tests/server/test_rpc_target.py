@@ -17,7 +17,7 @@ import torch
 
 from draftgate.drafters import NgramDrafter
 from draftgate.drafters.auto import AutoDrafter
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ
 from draftgate.engine import Chunk, Completion, DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.session_host import SessionHost
 from draftgate.errors import BadRequestError
@@ -139,6 +139,7 @@ class DyadicDrafter:
 
     name = "dyadic"
     sampled_q = True
+    abilities = Abilities()
     PROBS = torch.tensor([0.5, 0.25, 0.125, 0.125])
 
     def __init__(self, V: int) -> None:

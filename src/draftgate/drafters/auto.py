@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, Drafter, DraftRequest
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.types import SamplingParams
@@ -73,8 +73,12 @@ class AutoDrafter:
         self._model = model
         self.sampled_q = model is not None and model.sampled_q
         # A model that reads the target's hidden states (the eagle head): the target feeds it through us.
-        self.feature_layers: tuple[int, ...] = tuple(getattr(model, "feature_layers", ()))
-        head = bool(self.feature_layers)  # a draft head drafts in a millisecond; a draft model costs more
+        reader = model.abilities.features if model is not None else None
+        self.feature_layers: tuple[int, ...] = reader.feature_layers if reader is not None else ()
+        head = reader is not None  # a draft head drafts in a millisecond; a draft model costs more
+        self.abilities = Abilities(
+            features=self if head else None, sources=self if model is not None else None, forget=self.forget
+        )
         self._min_lookup = min_lookup if min_lookup is not None else (3 if head else 1)
         self._use: dict[int, _ModelUse] = {}
         self._plans: dict[int, tuple[int, bool]] = {}  # seq -> (history length, model drafts?)
@@ -134,8 +138,9 @@ class AutoDrafter:
         return drafts
 
     def feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
-        """The target's features for the model (only when it reads them: ``feature_layers``)."""
-        self._model.feed(seq_id, start, feats)  # type: ignore[union-attr]
+        """The target's features for the model (only when it reads them: ``abilities.features``)."""
+        assert self._model is not None and self._model.abilities.features is not None
+        self._model.abilities.features.feed(seq_id, start, feats)
 
     def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         self._suffix.observe(seq_id, tokens, num_drafted, num_accepted)

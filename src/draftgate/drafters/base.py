@@ -7,16 +7,16 @@ also return the exact distribution q each token was drawn from, dense
 ``[k, V]`` or sparse ``(ids [k, M], probs [k, M])``. After verification the
 drafter is told the outcome so it can update caches or statistics.
 
-Optional, found by the engine with ``getattr``: ``feature_layers`` and ``feed`` (a drafter
-that reads the embedded target's hidden states: eagle), ``source(seq_id, tokens, k_max) -> str``
-(a drafter with several sources, auto: which one drafts the sequence's next round; the engine
-keeps one goodput controller per source), ``forget()`` (drop memory of finished requests:
-bench runs start from the same state).
+What a drafter can do beyond that it declares in ``abilities`` (``Abilities``), never found
+by probing: ``features`` (it reads the embedded target's hidden states: eagle, auto with a
+draft head), ``sources`` (it drafts from several sources, auto: which one drafts a sequence's
+next round; the engine keeps one goodput controller per source), ``forget`` (it drops its
+memory of finished requests: benchmark runs start from the same state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -24,7 +24,7 @@ import torch
 
 from draftgate.types import SamplingParams
 
-__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "mass_at_drafts", "is_one_hot", "draft_problem"]
+__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "Abilities", "FeatureReader", "SourceChooser", "mass_at_drafts", "is_one_hot", "draft_problem"]
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,37 @@ class Draft:
     tree: tuple[tuple[int, int], ...] = ()
 
 
+class FeatureReader(Protocol):
+    """A drafter that reads the target's hidden states (a draft head): the embedded target feeds it."""
+
+    feature_layers: tuple[int, ...]
+
+    def feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
+        """Features [m, len(feature_layers), C] of the committed positions start .. start + m - 1."""
+        ...
+
+
+class SourceChooser(Protocol):
+    """A drafter with several sources (lookup, a draft head) that says which drafts a sequence next."""
+
+    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
+        """The source of the sequence's next round (its name keys a goodput controller)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What a drafter can do beyond propose / observe / release, declared by the drafter itself."""
+
+    features: FeatureReader | None = None  # reads the embedded target's hidden states
+    sources: SourceChooser | None = None  # drafts from several sources
+    forget: Callable[[], None] | None = None  # drops its memory of finished requests
+
+
 @runtime_checkable
 class Drafter(Protocol):
     name: str
+    abilities: Abilities
     # Whether drafts for sampling requests may carry a sampled q (verified by rejection sampling).
     # The engine then keeps a seeded request's K schedule independent of clocks and batches: with a
     # sampled q, which positions are drafted changes the tokens. False: one-hot drafts only.

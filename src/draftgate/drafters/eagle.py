@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.errors import ModelLoadError
 from draftgate.models.eagle import EagleHead, HeadCache, check_target
 from draftgate.models.loader import LoadedModel
@@ -93,6 +93,7 @@ class EagleDrafter:
         self.min_confidence, self.min_continue, self.min_branch = min_confidence, cont, min_branch
         self.head = head.eval().prepare()  # its first draft call is not a cold one
         self.feature_layers = head.feature_layers
+        self.abilities = Abilities(features=self)
         self._seqs: dict[int, _Seq] = {}
 
     # ------------------------------------------------------------ the target's side

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import httpx
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ, mass_at_drafts
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ, mass_at_drafts
 
 __all__ = ["HttpDrafter", "DEFAULT_TIMEOUT_S"]
 
@@ -31,6 +31,7 @@ DEFAULT_TIMEOUT_S = 0.05
 class HttpDrafter:
     name = "http"
     sampled_q = True  # the worker may serve a sampled model draft
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> None:
         if not url.startswith(("http://", "https://")):

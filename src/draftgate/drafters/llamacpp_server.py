@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.models.tokenizer import TextTokenizer
 
 __all__ = ["LlamaCppServerDrafter", "DEFAULT_LLAMACPP_TIMEOUT_S"]
@@ -39,6 +39,7 @@ DEFAULT_LLAMACPP_TIMEOUT_S = 0.25
 class LlamaCppServerDrafter:
     name = "llamacpp"
     sampled_q = False
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(
         self,

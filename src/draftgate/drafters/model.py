@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.sampling import logits_to_probs, sample_from_probs
 
@@ -45,6 +45,7 @@ class ModelDrafter:
     """
 
     sampled_q = True
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None) -> None:
         if q_top_n is not None and q_top_n < 1:
@@ -160,6 +161,7 @@ class LlamaCppDrafter:
     """
 
     sampled_q = False  # greedy drafts only
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(self, gguf_path: str, n_ctx: int = 4096, max_seqs: int = 4, n_threads: int | None = None) -> None:
         try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 
 __all__ = ["NgramDrafter"]
 
@@ -58,6 +58,7 @@ class NgramDrafter:
 
     name = "ngram"
     sampled_q = False
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         if min_n < 1 or max_n < min_n:

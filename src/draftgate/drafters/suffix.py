@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 
 __all__ = ["SuffixDrafter", "SuffixMatch"]
 
@@ -250,6 +250,7 @@ class SuffixDrafter:
         self._global_texts: deque[list[int]] = deque()
         self._global_tokens = 0
         self._reqs: dict[int, _Request] = {}
+        self.abilities = Abilities(forget=self.forget)
 
     @property
     def global_tokens(self) -> int:

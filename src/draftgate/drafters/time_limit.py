@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import logging
 from collections.abc import Callable, Sequence
 
-from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, Drafter, DraftRequest
 
 __all__ = ["TimeLimitedDrafter"]
 
@@ -26,6 +26,9 @@ class TimeLimitedDrafter:
         self.inner = inner
         self.name = inner.name
         self.sampled_q = inner.sampled_q
+        # None forwarded: the inner drafter runs on the helper thread, and reading the target's
+        # features, choosing sources or forgetting there would race with a call still running.
+        self.abilities = Abilities()
         self.timeout_s = timeout_s
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="draftgate-draft")
 

@@ -8,7 +8,14 @@ from draftgate.engine.local_target import LocalTarget
 from draftgate.engine.scored_target import ScoredTarget, Scorer
 from draftgate.engine.sequence import IncrementalText, StopChecker
 from draftgate.engine.session_host import SessionHost
-from draftgate.engine.target import NotNow, RoundDone, RoundTarget, RoundWork, TargetInfo
+from draftgate.engine.target import (
+    NotNow,
+    RoundDone,
+    RoundTarget,
+    RoundWork,
+    TargetInfo,
+    check_prompt,
+)
 
 __all__ = [
     "Chunk",
@@ -29,4 +36,5 @@ __all__ = [
     "SessionHost",
     "StopChecker",
     "TargetInfo",
+    "check_prompt",
 ]

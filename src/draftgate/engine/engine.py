@@ -12,22 +12,21 @@ Callers talk to it through ``submit`` (thread-safe), ``generate`` (async iterato
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from draftgate.drafters.base import Draft, Drafter
-from draftgate.engine.controller import AcceptancePool, GoodputController
 from draftgate.engine.costs import CostModel
 from draftgate.engine.frontend import Chunk, Completion, Frontend, Sink
 from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.policy import SpecState, SpeculationPolicy
 from draftgate.engine.sequence import IncrementalText, PositionRandom, SequenceState, StopChecker
-from draftgate.engine.step import round_work, speculative_step
+from draftgate.engine.step import SeqRound, StepResult, round_work, speculative_step
 from draftgate.engine.target import NotNow, RoundTarget
 from draftgate.errors import CapacityError
 from draftgate.models.runner import ModelRunner
@@ -36,28 +35,13 @@ from draftgate.types import SamplingParams, SpecStats
 __all__ = ["Engine", "Chunk", "Completion", "Sink"]
 
 
-
-
 @dataclass
 class _Req:
     seq: SequenceState
     sink: Sink
-    controller: GoodputController | None  # the controller of this round's draft source
+    spec: SpecState  # K and source choice across its rounds (engine.policy)
     detok: IncrementalText
     cancelled: bool = False
-    started: bool = False
-    drafter_failed: bool = False  # the drafter failed on this request: plain decoding from now on
-    speculate: bool = True  # False: this request decodes plainly (a canary's control arm, a lossless re-run)
-    # The source that drafted its previous round (None: none did), and per source the history length
-    # when that source last drafted for it: a source that skipped rounds has them to catch up on
-    # (a draft head absorbs the positions lookup drafted since its own last draft).
-    last_source: str | None = None
-    synced: dict[str, int] = field(default_factory=dict)
-    seeded: bool = False  # seeded sampling with a drafter that may sample q: K from its own tokens only
-    # A drafter with several sources (auto: lookups, a draft head) gets one controller per source:
-    # their acceptance and cost differ by far, and one estimate for both would cut lookup's long drafts.
-    controllers: dict[str, GoodputController] = field(default_factory=dict)
-    source: str = ""  # this round's source (the drafter's name when it has one only)
 
 
 class Engine(Frontend):
@@ -75,26 +59,17 @@ class Engine(Frontend):
         self.runner: ModelRunner | None = self.target.runner if isinstance(self.target, LocalTarget) else None
         self.tokenizer = self.target.tokenizer
         self.drafter = drafter
-        if drafter is not None and getattr(drafter, "feature_layers", ()):
+        reader = drafter.abilities.features if drafter is not None else None
+        if reader is not None:
             if not isinstance(self.target, LocalTarget):
                 raise ValueError(
                     f"drafter {drafter.name!r} reads the target's hidden states, which only the embedded target "
                     "gives; on this route use another drafter (auto without a draft head, ngram, suffix, model)"
                 )
-            self.target.set_feature_tap(drafter)  # type: ignore[arg-type]
-        self.k = k
-        self.k_max = k_max if drafter is not None else 0
+            self.target.set_feature_tap(reader)
+        self.policy = SpeculationPolicy(drafter, k, k_max)
         self.max_batch = max_batch
         self.max_queue = max_queue
-        self.cost = CostModel()
-        # Seeded sampling requests on a drafter that may send a sampled q (drafter.sampled_q) price
-        # rounds with the cost prior, never with timings: with a sampled q, which positions are
-        # drafted changes the tokens (a drafted position is verified by rejection, an undrafted one
-        # sampled plainly), so a schedule that followed the clock or the batch would give a seed
-        # different tokens from run to run. Never observed, so fixed.
-        self._prior_cost = CostModel()
-        self.acceptance = AcceptancePool(self.k_max)  # new requests start from it
-        self._pools: dict[str, AcceptancePool] = {drafter.name: self.acceptance} if drafter else {}  # per source
         self.stats = SpecStats(drafter=drafter.name if drafter else "none")
         self._inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
         self._waiting: deque[_Req] = deque()
@@ -103,7 +78,6 @@ class Engine(Frontend):
         self._stop = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.speculation_enabled = drafter is not None
         self.approximate_requests = 0  # requests verified by an approximation (a route that allows it)
 
     # ----------------------------------------------------------------- public API
@@ -118,7 +92,7 @@ class Engine(Frontend):
     def forget_finished(self) -> None:
         """The drafter drops its memory of finished requests (the suffix trie keeps their outputs):
         a benchmark's next run starts from the same drafter memory, not from the last run's answers."""
-        forget = getattr(self.drafter, "forget", None)
+        forget = self.drafter.abilities.forget if self.drafter is not None else None
         if forget is not None:
             forget()
 
@@ -151,14 +125,7 @@ class Engine(Frontend):
             prompt=list(prompt_ids), params=params, rand=PositionRandom(gen), stop=StopChecker(self.tokenizer, params)
         )
         seq.stats.drafter = self.stats.drafter
-        seeded = params.seed is not None and not params.greedy and self.drafter is not None and self.drafter.sampled_q
-        ctl = None
-        if self.drafter is not None and self.k is None and self.k_max > 0:
-            ctl = GoodputController(self.k_max, self.drafter.name, pool=None if seeded else self.acceptance)
-        req = _Req(seq, sink, ctl, IncrementalText(seq.stop), speculate=speculate, seeded=seeded)
-        if ctl is not None:
-            req.controllers[ctl.drafter] = ctl
-            req.source = ctl.drafter
+        req = _Req(seq, sink, self.policy.open(params, speculate), IncrementalText(seq.stop))
         self._inbox.put(req)
         self._wake.set()
 
@@ -167,6 +134,29 @@ class Engine(Frontend):
             self._wake.set()
 
         return cancel
+
+    @property
+    def k(self) -> int | None:
+        """Fixed K (None: the goodput controller chooses)."""
+        return self.policy.k
+
+    @property
+    def k_max(self) -> int:
+        return self.policy.k_max
+
+    @property
+    def cost(self) -> CostModel:
+        """The measured forward and draft costs K is chosen from."""
+        return self.policy.cost
+
+    @property
+    def speculation_enabled(self) -> bool:
+        """The runtime switch: False decodes every request plainly (K = 0)."""
+        return self.policy.enabled
+
+    @speculation_enabled.setter
+    def speculation_enabled(self, on: bool) -> None:
+        self.policy.enabled = on and self.drafter is not None
 
     def kv_stats(self) -> dict[str, int]:
         return self.target.kv_stats()
@@ -249,129 +239,37 @@ class Engine(Frontend):
         self._running.append(r)
         self._emit(r, r.seq.append(done.emitted))
 
-    def _choose_k(self, r: _Req, other_tokens: int) -> int:
-        if self.drafter is None or not self.speculation_enabled or r.drafter_failed or not r.speculate:
-            return 0
-        remaining = r.seq.params.max_new_tokens - len(r.seq.output)
-        if r.controller is not None:
-            self._pick_source(r)
-        catch_up = self._lag(r)
-        if r.controller is None:
-            k = self.k
-        elif r.seeded:  # the request's own acceptance and the cost prior: the same seed, the same schedule
-            k = r.controller.choose_k(self._prior_cost, 0, catch_up, remaining)
-        else:
-            k = r.controller.choose_k(self.cost, other_tokens, catch_up, remaining)
-        return max(0, min(k or 0, remaining - 1, self.k_max))
-
-    @staticmethod
-    def _lag(r: _Req) -> int:
-        """Tokens this round's source has not drafted over (0 if it drafted the previous round)."""
-        return 0 if r.last_source == r.source else len(r.seq.history) - r.synced.get(r.source, 0)
-
-    def _pick_source(self, r: _Req) -> None:
-        """The controller of the source the drafter will draft this request's next round from."""
-        source_of = getattr(self.drafter, "source", None)
-        if source_of is None:
-            return
-        try:
-            src = str(source_of(r.seq.seq_id, r.seq.history, self.k_max))
-        except Exception:  # a drafter failure costs this request its drafts, nothing more
-            logging.getLogger(__name__).exception("drafter source failed for sequence %d", r.seq.seq_id)
-            r.drafter_failed = True
-            return
-        ctl = r.controllers.get(src)
-        if ctl is None:
-            pool = None if r.seeded else self._pools.setdefault(src, AcceptancePool(self.k_max))
-            ctl = r.controllers[src] = GoodputController(self.k_max, src, pool=pool)
-        r.controller, r.source = ctl, src
-
     def _step(self) -> None:
-        batch = list(self._running)
-        ks: list[int] = []
-        for i, r in enumerate(batch):
-            # Tokens the other sequences put in the same forward: k + 1 for those already chosen,
-            # at least 1 (plain) for those still to choose.
-            others = sum(k + 1 for k in ks) + (len(batch) - i - 1)
-            ks.append(self._choose_k(r, others))
-        lag = [self._lag(r) for r in batch]
-        seen = [len(r.seq.history) for r in batch]
-        try:
-            res = speculative_step(
-                self.target, self.drafter, [r.seq for r in batch], ks, [r.drafter_failed for r in batch]
-            )
+        batch, seqs = list(self._running), [r.seq for r in self._running]
+        plans = self.policy.plan([r.spec for r in batch], seqs)  # 1. plan: K and source per sequence
+        try:  # 2. run: draft, verify on the target, append what each sequence keeps
+            res = speculative_step(self.target, self.drafter, seqs, [p.k for p in plans], [p.hidden for p in plans])
         except Exception as e:
             for r in batch:  # the target failed: a clear error to each request, KV freed
                 self._finish(r, "error", error=f"{type(e).__name__}: {e}")
             return
-        self.cost.observe_forward(res.forward_tokens, res.forward_s)
-        self._observe_draft_cost(batch, ks, res.drafted, lag, res.draft_s)
-        for r, k, asked, n, extra in zip(batch, res.drafted, ks, seen, res.branch_rows, strict=True):
-            r.last_source = r.source if k > 0 else None
-            if k:
-                self.cost.observe_branch(r.source, extra)  # priced into its K (CostModel.round_forward_time)
-            if asked:
-                r.synced[r.source] = n
+        self.policy.update([r.spec for r in batch], seqs, plans, res)  # 3. update: prices, acceptance
         with self._lock:
-            rows = zip(batch, res.drafted, res.accepted, res.emitted, res.draft_failed, res.approximate, res.errors,
-                       res.sampled, strict=True)  # fmt: skip
-            for r, k, a, kept, failed, approx, error, sampled in rows:
-                if error is not None:
-                    continue  # the request ends with the target's error below
-                # Emitted = what the request kept: a stop string or max tokens may cut the block short.
-                r.seq.stats.record_round(k, a, len(kept))
-                r.seq.stats.approximate |= approx
-                r.seq.stats.sampled_rounds += sampled
-                r.seq.stats.draft_time_s += res.draft_s  # each request waits the whole round
-                r.seq.stats.verify_time_s += res.forward_s
-                self.stats.record_round(k, a, len(kept))
-                r.drafter_failed |= failed
-                if r.controller is not None and k:
-                    r.controller.record(k, a)
-                if self.drafter is not None and k:
-                    try:
-                        self.drafter.observe(r.seq.seq_id, r.seq.history, k, a)
-                    except Exception:  # a drafter failure costs this request its drafts, nothing more
-                        r.drafter_failed = True
+            for r, rnd in zip(batch, res.rounds, strict=True):
+                self._record(r.seq.stats, rnd, res)
             self.stats.draft_time_s += res.draft_s
             self.stats.verify_time_s += res.forward_s
-        for r, emitted, error in zip(batch, res.emitted, res.errors, strict=True):
-            if error is not None:
-                self._finish(r, "error", error=error)
+        for r, rnd in zip(batch, res.rounds, strict=True):  # 4. emit, or end with the target's error
+            if rnd.error is not None:
+                self._finish(r, "error", error=rnd.error)
             else:
-                self._emit(r, emitted)
+                self._emit(r, rnd.emitted)
 
-    def _observe_draft_cost(
-        self, batch: list[_Req], asked: list[int], drafted: list[int], lag: list[int], seconds: float
-    ) -> None:
-        """Price this round's draft call: by its longest draft in steady state, else its catch-up per token.
-
-        Steady state (every drafting request drafted last round too) prices the call by the longest
-        draft in it (each request waits for the whole call, and ``draft_time(k)`` is looked up per
-        request's k; a model drafter's call takes one step per token of its longest draft). A
-        call that also caught the drafter up on tokens it had missed (a request's prompt, the
-        plain rounds since its last draft) is a cost of catching up, not of k: counted per k it
-        would price a cheap steady-state drafter out for good; counted per caught-up token
-        (only when one request drafted, so the excess is its own) the controller weighs it
-        against what speculating would save (GoodputController.choose_k). Only once a steady-state
-        call has been timed: before that the excess is unknown, and the whole call counted as
-        catch-up (measured: 2.5 ms for one token, 35x the head's true price a token) priced the
-        head out of short requests for good (it drafts no more, so it is never re-measured).
-        """
-        if self.drafter is None or not any(asked):
-            return
-        # The call's price goes to its source; a call mixing sources is priced as its costliest
-        # (any but the drafter's plain name: lookups cost microseconds, a model's steps milliseconds).
-        sources = {r.source for r, k in zip(batch, asked, strict=True) if k}
-        name = next((x for x in sorted(sources) if x != self.drafter.name), self.drafter.name)
-        longest = max(drafted)  # a request waits for the whole call: price it by its longest draft
-        behind = [(k, n) for k, n in zip(asked, lag, strict=True) if k and n]
-        if not behind:
-            if longest:
-                self.cost.observe_draft(name, longest, seconds)
-        elif len([k for k in asked if k]) == 1 and self.cost.draft_priced(name):
-            (k, n), = behind
-            self.cost.observe_catch_up(name, n, seconds - self.cost.draft_time(name, max(longest, 1)))
+    def _record(self, st: SpecStats, rnd: SeqRound, res: StepResult) -> None:
+        """One sequence's round in its stats and the engine's (emitted = what it kept after stop cuts)."""
+        if rnd.error is not None:
+            return  # the request ends with the target's error
+        st.record_round(rnd.drafted, rnd.accepted, len(rnd.emitted))
+        st.approximate |= rnd.approximate
+        st.sampled_rounds += rnd.sampled
+        st.draft_time_s += res.draft_s  # each request waits the whole round
+        st.verify_time_s += res.forward_s
+        self.stats.record_round(rnd.drafted, rnd.accepted, len(rnd.emitted))
 
     def _emit(self, r: _Req, tokens: list[int]) -> None:
         s = r.seq

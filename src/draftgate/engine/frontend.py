@@ -55,7 +55,10 @@ Prompt = str | Sequence[Message] | list[int]
 class Frontend:
     tokenizer: TextTokenizer
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Callable[[], None]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
+    ) -> Callable[[], None]:
+        """Queue a request; returns a cancel function (``speculate=False``: it decodes plainly)."""
         raise NotImplementedError
 
     def start(self) -> Any:

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from draftgate.drafters.base import SparseQ
-from draftgate.engine.target import FeatureTap, NotNow, RoundDone, RoundWork, TargetInfo
+from draftgate.drafters.base import FeatureReader, SparseQ
+from draftgate.engine.target import NotNow, RoundDone, RoundWork, TargetInfo, check_prompt
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -51,9 +51,9 @@ class LocalTarget:
         self.info = TargetInfo("local", runner.vocab_size, runner.config.max_position_embeddings)
         self._reserved: dict[int, int] = {}  # seq_id -> KV blocks held back for it
         self._reserved_total = 0
-        self.tap: FeatureTap | None = None  # a drafter that reads the target's hidden states
+        self.tap: FeatureReader | None = None  # a drafter that reads the target's hidden states
 
-    def set_feature_tap(self, tap: FeatureTap) -> None:
+    def set_feature_tap(self, tap: FeatureReader) -> None:
         """Every committed position's features go to ``tap.feed`` (prompt at open, then each round's)."""
         self.tap = tap
 
@@ -61,15 +61,7 @@ class LocalTarget:
         return math.ceil(n_tokens / self.runner.block_size)
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
-        ctx = self.runner.config.max_position_embeddings
-        if len(prompt_ids) + params.max_new_tokens > ctx:
-            raise BadRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
-            )
-        V = self.runner.vocab_size
-        if any(not 0 <= t < V for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be in [0, {V})")
+        check_prompt(prompt_ids, params.max_new_tokens, self.runner.vocab_size, self.info.max_context)
         need = self._blocks_for(len(prompt_ids) + params.max_new_tokens + k_max + 1)
         if need > self.runner.kv.num_blocks:
             raise BadRequestError(

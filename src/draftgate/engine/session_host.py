@@ -7,7 +7,7 @@ every turn it
 
 1. drains the inbox (closes first: a closed session's KV is freed at once),
 2. admits one waiting session (prefill, first token) if its KV reserve fits,
-3. answers one stateless ``score`` call,
+3. answers one stateless ``score`` call (``engine.scoring``),
 4. runs every queued round of every session in ONE ``speculative_step`` batch
    on the engine's own ``LocalTarget`` (one ragged target forward, the same
    verification and rollback as the embedded engine).
@@ -21,7 +21,6 @@ each round yields.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import logging
 import math
 import queue
@@ -32,22 +31,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftgate.drafters.base import Draft, DraftRequest, SparseQ, draft_problem
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ, draft_problem
 from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.scoring import ScoredPosition, ScoreJob, score_positions
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import round_work, speculative_step
-from draftgate.engine.target import NotNow
+from draftgate.engine.target import NotNow, check_prompt
 from draftgate.errors import BadRequestError
-from draftgate.models.runner import ForwardItem, ModelRunner
+from draftgate.models.runner import ModelRunner
 from draftgate.types import SamplingParams
 
-__all__ = ["RoundResult", "ScoredPosition", "SessionHost", "SessionGone", "WorkerShuttingDown", "MAX_DRAFT_TOKENS", "MAX_TOP_N"]
+__all__ = ["RoundResult", "SessionHost", "SessionGone", "WorkerShuttingDown", "MAX_DRAFT_TOKENS"]
 
 log = logging.getLogger("draftgate.worker")
 MAX_DRAFT_TOKENS = 32  # most drafts a round may carry
-MAX_TOP_N = 20  # most alternatives Score returns per position (OpenAI's limit)
-_SCORE_CHUNK = 512
-_score_ids = itertools.count(1 << 48)  # Score's scratch sequences never meet session ids
 
 
 class SessionGone(Exception):
@@ -65,15 +62,6 @@ class RoundResult:
     finish_reason: str | None  # "stop" | "length" | None
 
 
-@dataclass(frozen=True)
-class ScoredPosition:
-    position: int
-    token: int | None  # tokens[position]; None for the next-token distribution
-    logprob: float | None
-    top_ids: list[int]
-    top_logprobs: list[float]
-
-
 @dataclass
 class _Session:
     seq: SequenceState
@@ -88,14 +76,6 @@ class _Round:
     sid: int
     draft: Draft
     future: cf.Future[RoundResult]
-
-
-@dataclass
-class _Score:
-    tokens: list[int]
-    start: int
-    top_n: int
-    future: cf.Future[list[ScoredPosition]]
 
 
 @dataclass
@@ -128,7 +108,7 @@ class SessionHost:
         self._sessions: dict[int, _Session] = {}  # by seq_id; touched by the loop thread only
         self._waiting: deque[_Session] = deque()  # opened, waiting for their KV reserve
         self._pending_rounds: list[_Round] = []  # rounds left over when a batch was full
-        self._scores: deque[_Score] = deque()
+        self._scores: deque[ScoreJob] = deque()
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._open_count = 0  # sessions opened and not yet closed (any thread reads it)
         self.sessions_total = 0  # sessions ever opened
@@ -166,18 +146,9 @@ class SessionHost:
         """Start a session; the future gives the first token. Raises BadRequestError on bad input."""
         params.validate()
         prompt = [int(t) for t in prompt]
-        V, ctx = self.runner.vocab_size, self.runner.config.max_position_embeddings
-        if not prompt:
-            raise BadRequestError("the prompt is empty")
-        if any(not 0 <= t < V for t in prompt):
-            raise BadRequestError(f"prompt token ids must be in [0, {V})")
+        check_prompt(prompt, params.max_new_tokens, self.runner.vocab_size, self.target.info.max_context)
         if not 0 <= max_draft_tokens <= MAX_DRAFT_TOKENS:
             raise BadRequestError(f"max_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {max_draft_tokens}")
-        if len(prompt) + params.max_new_tokens > ctx:
-            raise BadRequestError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the model's context of {ctx} tokens"
-            )
         need = self._blocks_for(len(prompt) + params.max_new_tokens + max_draft_tokens + 1)
         if need > self.runner.kv.num_blocks:
             raise BadRequestError(
@@ -213,19 +184,8 @@ class SessionHost:
         self._put("close", sid)
 
     def score(self, tokens: Sequence[int], validation_offset: int, top_n: int) -> cf.Future[list[ScoredPosition]]:
-        tokens = [int(t) for t in tokens]
-        V, ctx = self.runner.vocab_size, self.runner.config.max_position_embeddings
-        if not tokens or any(not 0 <= t < V for t in tokens):
-            raise BadRequestError(f"tokens must be a non-empty list of ids in [0, {V})")
-        if len(tokens) > ctx:
-            raise BadRequestError(f"{len(tokens)} tokens exceed the model's context of {ctx}")
-        if validation_offset > len(tokens):
-            raise BadRequestError(f"validation_offset {validation_offset} is past the {len(tokens)} tokens")
-        if not 0 <= top_n <= MAX_TOP_N:
-            raise BadRequestError(f"top_n must be in [0, {MAX_TOP_N}], got {top_n}")
-        if self._blocks_for(len(tokens)) > self.runner.kv.num_blocks:
-            raise BadRequestError("the tokens do not fit in the worker's KV cache")
-        job = _Score(tokens, max(1, validation_offset), top_n, cf.Future())
+        """Queue a stateless Score call (``engine.scoring``); the loop thread runs it. Raises BadRequestError."""
+        job = ScoreJob.checked(self.runner, tokens, validation_offset, top_n)
         self._put("score", job)
         return job.future
 
@@ -318,7 +278,7 @@ class SessionHost:
                 assert isinstance(item, _Round)
                 out.rounds.append(item)
             else:
-                assert isinstance(item, _Score)
+                assert isinstance(item, ScoreJob)
                 self._scores.append(item)
         out.rounds = self._pending_rounds + out.rounds
         self._pending_rounds = []
@@ -391,14 +351,14 @@ class SessionHost:
             for r in batch.values():
                 _resolve(r.future, error=e)
             return True
-        for sess, r, out, a, err in zip(sessions, batch.values(), res.emitted, res.accepted, res.errors, strict=True):
-            if err is not None:
+        for sess, r, rnd in zip(sessions, batch.values(), res.rounds, strict=True):
+            if rnd.error is not None:
                 self._release(sess)
-                _resolve(r.future, error=RuntimeError(err))
+                _resolve(r.future, error=RuntimeError(rnd.error))
                 continue
             if sess.seq.finish_reason is not None:
                 self._release(sess)
-            _resolve(r.future, RoundResult(out, a, sess.seq.finish_reason))
+            _resolve(r.future, RoundResult(rnd.emitted, rnd.accepted, sess.seq.finish_reason))
         return True
 
     def _score_one(self) -> bool:
@@ -407,50 +367,18 @@ class SessionHost:
         job = self._scores.popleft()
         if job.future.set_running_or_notify_cancel():
             try:
-                job.future.set_result(self._score(job))
+                job.future.set_result(score_positions(self.runner, job))
             except Exception as e:
                 job.future.set_exception(e)
         return True
-
-    def _score(self, job: _Score) -> list[ScoredPosition]:
-        """log p(tokens[i] | tokens[:i]) for i in start..n (i == n: the next-token distribution)."""
-        toks, n = job.tokens, len(job.tokens)
-        j0 = job.start - 1  # first logits row needed: the one that predicts position `start`
-        sid = next(_score_ids)
-        cached = self.runner.add_sequence(sid, toks)
-        try:
-            self.runner.truncate(sid, min(cached, j0))
-            for s in range(min(cached, j0), j0, _SCORE_CHUNK):  # context before the suffix: no logits
-                self.runner.forward([ForwardItem(sid, toks[s : min(s + _SCORE_CHUNK, j0)], 1)])
-            rows = []
-            for s in range(j0, n, _SCORE_CHUNK):
-                chunk = toks[s : s + _SCORE_CHUNK]
-                rows.append(self.runner.forward([ForwardItem(sid, chunk, len(chunk))])[0])
-            self.runner.commit(sid, toks)  # later calls on the same prefix skip it
-        finally:
-            self.runner.free(sid)
-        logp = torch.cat(rows).float().log_softmax(dim=-1)  # [n - j0, V]
-        top = logp.topk(job.top_n, dim=-1) if job.top_n else None
-        out = []
-        for r in range(n - j0):
-            pos = j0 + 1 + r
-            tok = toks[pos] if pos < n else None
-            out.append(
-                ScoredPosition(
-                    pos,
-                    tok,
-                    float(logp[r, tok]) if tok is not None else None,
-                    top.indices[r].tolist() if top is not None else [],
-                    top.values[r].tolist() if top is not None else [],
-                )
-            )
-        return out
 
 
 class _SentDrafts:
     """A Drafter that returns the drafts the sessions' clients sent (for speculative_step)."""
 
     name = "remote"
+    sampled_q = True  # a client may send a sampled q
+    abilities = Abilities()
 
     def __init__(self, drafts: dict[int, Draft]) -> None:
         self._drafts = drafts

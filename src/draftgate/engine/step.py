@@ -26,24 +26,31 @@ from draftgate.drafters.base import Draft, Drafter, DraftRequest, draft_problem
 from draftgate.engine.sequence import SequenceState
 from draftgate.engine.target import RoundTarget, RoundWork
 
-__all__ = ["StepResult", "speculative_step", "round_work"]
+__all__ = ["SeqRound", "StepResult", "speculative_step", "round_work"]
 
 _NO_DRAFT = Draft(token_ids=[])
 
 
 @dataclass(frozen=True)
+class SeqRound:
+    """One sequence's round: what it drafted and what the target made of it."""
+
+    drafted: int  # draft tokens verified
+    accepted: int  # drafts accepted
+    emitted: list[int]  # tokens kept (accepted + recovered or bonus, after stop cuts)
+    draft_failed: bool = False  # the drafter raised or returned an invalid draft for it
+    sampled: bool = False  # its drafts came with a sampled q (rejection sampling, not matching)
+    error: str | None = None  # the target's error (the request ends), else None
+    approximate: bool = False  # verified by an approximation the route allowed
+    branch_rows: int = 0  # forward rows the target ran for its draft tree's nodes (Draft.tree)
+
+
+@dataclass(frozen=True)
 class StepResult:
-    emitted: list[list[int]]  # per sequence, tokens kept this round (after stop cuts)
-    drafted: list[int]  # per sequence, draft tokens verified
-    accepted: list[int]  # per sequence, drafts accepted
+    rounds: list[SeqRound]  # one per sequence, in order
     draft_s: float
     forward_s: float
-    forward_tokens: int
-    draft_failed: list[bool]  # per sequence, the drafter raised or returned an invalid draft
-    errors: list[str | None]  # per sequence, the target's error (that request ends), else None
-    approximate: list[bool]  # per sequence, verified by an approximation the route allowed
-    sampled: list[bool]  # per sequence, its drafts came with a sampled q (rejection sampling, not matching)
-    branch_rows: list[int]  # per sequence, forward rows the target ran for its draft tree's nodes (Draft.tree), else 0
+    forward_tokens: int  # rows of the round's forward (k + 1 per sequence, plus tree rows)
 
 
 def speculative_step(
@@ -70,16 +77,15 @@ def speculative_step(
     t2 = time.perf_counter()
 
     # 3. Emit, cut where plain decoding stops.
-    emitted = [s.append(r.emitted) if r.error is None else [] for s, r in zip(seqs, done, strict=True)]
-    drafted = [len(d.token_ids) for d in drafts]
-    branch = [r.branch_rows for r in done]  # a branch the target skipped (no spare KV blocks) ran no rows
-    n_tok = sum(k + 1 for k in drafted) + sum(branch)  # draft trees' rows too
-    return StepResult(
-        emitted, drafted, [r.accepted for r in done], t1 - t0, t2 - t1, n_tok, failed,
-        [r.error for r in done], [r.approximate for r in done],
-        [bool(d.token_ids) and d.q is not None and not s.params.greedy for s, d in zip(seqs, drafts, strict=True)],
-        branch,
-    )  # fmt: skip
+    rounds = [
+        SeqRound(
+            len(d.token_ids), r.accepted, s.append(r.emitted) if r.error is None else [], f,
+            bool(d.token_ids) and d.q is not None and not s.params.greedy, r.error, r.approximate, r.branch_rows,
+        )  # fmt: skip
+        for s, d, f, r in zip(seqs, drafts, failed, done, strict=True)
+    ]
+    n_tok = sum(x.drafted + 1 + x.branch_rows for x in rounds)  # a branch the target skipped ran no rows
+    return StepResult(rounds, t1 - t0, t2 - t1, n_tok)
 
 
 def round_work(s: SequenceState, d: Draft) -> RoundWork:

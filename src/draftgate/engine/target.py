@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from torch import Tensor
 
 from draftgate.drafters.base import Draft
+from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 
-__all__ = ["TargetInfo", "RoundWork", "RoundDone", "RoundTarget", "NotNow", "FeatureTap"]
+__all__ = ["TargetInfo", "RoundWork", "RoundDone", "RoundTarget", "NotNow", "check_prompt"]
 
 
 @dataclass(frozen=True)
@@ -68,15 +69,18 @@ class RoundDone:
     branch_rows: int = 0  # forward rows the target ran for the draft's tree nodes (0: none, or skipped)
 
 
-@runtime_checkable
-class FeatureTap(Protocol):
-    """A drafter that reads the target's hidden states (drafters/eagle.py): a local target feeds it."""
-
-    feature_layers: tuple[int, ...]
-
-    def feed(self, seq_id: int, start: int, feats: Tensor) -> None:
-        """Features [m, len(feature_layers), C] of the committed positions start .. start + m - 1."""
-        ...
+def check_prompt(prompt_ids: Sequence[int], max_new_tokens: int, vocab_size: int | None, max_context: int | None) -> None:
+    """The one check of a prompt against a target (None: not known here): BadRequestError saying what to do."""
+    if not prompt_ids:
+        raise BadRequestError("the prompt is empty")
+    V = vocab_size
+    if V is not None and any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
+        raise BadRequestError(f"prompt token ids must be integers in [0, {V})")
+    if max_context is not None and len(prompt_ids) + max_new_tokens > max_context:
+        raise BadRequestError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new_tokens}) exceeds the model's context "
+            f"of {max_context} tokens; shorten the prompt or lower max_tokens"
+        )
 
 
 class NotNow(Exception):

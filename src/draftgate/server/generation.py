@@ -42,7 +42,7 @@ class RequestStream:
 
 
 def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams, speculate: bool = True) -> RequestStream:
-    """Submit; ``speculate=False`` asks for plain decoding (only back ends that take ``speculate=``)."""
+    """Submit; ``speculate=False`` asks for plain decoding (a canary's control arm, a lossless re-run)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Chunk] = asyncio.Queue()
 
@@ -53,10 +53,7 @@ def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams, spe
             pass
 
     try:
-        if speculate:
-            cancel = route.engine.submit(prompt_ids, params, sink)
-        else:
-            cancel = route.engine.submit(prompt_ids, params, sink, speculate=False)  # type: ignore[call-arg]
+        cancel = route.engine.submit(prompt_ids, params, sink, speculate=speculate)
     except CapacityError as e:
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except (BadRequestError, ValueError) as e:

@@ -28,9 +28,15 @@ class Backend(Protocol):
     ``VllmPluginBackend`` (a vLLM that drafts and verifies with DraftGate's proposer)."""
 
     speculation_enabled: bool
-    k: int | None  # None: adaptive
-    k_max: int
-    cost: CostModel  # measured forward and draft costs (for shadow predictions)
+
+    @property
+    def k(self) -> int | None: ...  # None: adaptive
+
+    @property
+    def k_max(self) -> int: ...
+
+    @property
+    def cost(self) -> CostModel: ...  # measured forward and draft costs (for shadow predictions)
 
     @property
     def drafter(self) -> Drafter | None: ...

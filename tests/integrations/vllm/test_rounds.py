@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from draftgate.drafters.base import Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.integrations.vllm.rounds import Control, ProposerCore, Row
@@ -15,7 +15,7 @@ TEXT = [5, 6, 7, 8, 9, 10, 11, 12] * 12
 
 
 class Failing:
-    name, sampled_q = "ngram", False
+    name, sampled_q, abilities = "ngram", False, Abilities()
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         raise RuntimeError("drafter down")

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftgate.drafters.base import Draft, Drafter, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, Drafter, DraftRequest
 
 __all__ = ["RemoteCounters", "PrefetchingDrafter"]
 
@@ -59,6 +59,7 @@ class PrefetchingDrafter:
 
     name = "remote"
     sampled_q = False
+    abilities = Abilities()  # none beyond the protocol
 
     def __init__(self, inner: Drafter, timeout_s: float, k_max: int, prefetch: bool = True, workers: int = 4) -> None:
         if not timeout_s > 0:

@@ -61,7 +61,7 @@ import httpx
 import torch
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Engine, ScoredTarget, TargetInfo
+from draftgate.engine import Engine, ScoredTarget, TargetInfo, check_prompt
 from draftgate.engine.frontend import Sink
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
@@ -170,9 +170,7 @@ class OpenAIScorer:
                 "which is exact only for greedy decoding: send temperature 0, or ask the operator to enable "
                 "approximate mode (allow_approximate) for this route"
             )
-        V = self.tokenizer.vocab_size
-        if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be a non-empty list of ids in [0, {V})")
+        check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, None)
 
     def score(self, history: Sequence[int], drafts: Sequence[int], params: SamplingParams) -> tuple[list[int], torch.Tensor]:
         """One server request: the server's top-n at each draft position and after, as logits (-inf elsewhere)."""
@@ -212,9 +210,6 @@ class OpenAIScorer:
             if self.tokenizer.encode(self.tokenizer.decode(seq, skip_special=False), add_special=False) == seq:
                 return drafts[:m]
         return []
-
-    def _argmax(self, dist: dict[int, float]) -> int:
-        return max(dist.items(), key=lambda kv: kv[1])[0]
 
     def pieces(self) -> TokenPieces:
         if self._pieces is None:

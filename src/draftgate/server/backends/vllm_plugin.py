@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker
+from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker, check_prompt
 from draftgate.engine.frontend import Frontend, Sink
-from draftgate.errors import BadRequestError, CapacityError, DraftGateError
+from draftgate.errors import CapacityError, DraftGateError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams, SpecStats
 
@@ -166,16 +166,7 @@ class VllmPluginBackend(Frontend):
         self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
     ) -> Callable[[], None]:
         params.validate()
-        if not prompt_ids:
-            raise BadRequestError("the prompt is empty")
-        if (
-            self.max_context is not None
-            and len(prompt_ids) + params.max_new_tokens > self.max_context
-        ):
-            raise BadRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's "
-                f"context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, self.max_context)
         with self._lock:
             if self._running >= self.max_queue:
                 raise CapacityError(

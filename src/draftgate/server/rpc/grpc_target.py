@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from draftgate.engine import RoundDone, RoundWork, TargetInfo
-from draftgate.errors import BadRequestError
+from draftgate.engine import RoundDone, RoundWork, TargetInfo, check_prompt
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.rpc import target_pb2 as pb
 from draftgate.server.rpc.pool import NoWorkerError, WorkerHandle, WorkerPool
@@ -100,15 +99,7 @@ class GrpcTarget:
     # ------------------------------------------------------------------ RoundTarget
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
-        V = self.tokenizer.vocab_size
-        if not prompt_ids or any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be a non-empty list of ids in [0, {V})")
-        ctx = self.pool.max_context
-        if ctx is not None and len(prompt_ids) + params.max_new_tokens > ctx:
-            raise BadRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the model's context of {ctx} tokens; shorten the prompt or lower max_tokens"
-            )
+        check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, self.pool.max_context)
 
     def open(self, work: RoundWork, k_max: int) -> RoundDone:
         assert work.params.seed is not None, "the engine gives every request a seed (worker and drafter share it)"

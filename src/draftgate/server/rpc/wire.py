@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from draftgate.drafters.base import Draft, SparseQ, is_one_hot, mass_at_drafts
+from draftgate.drafters.base import Draft, SparseQ, is_one_hot
 from draftgate.server.rpc import target_pb2 as pb
 from draftgate.types import SamplingParams
 
 __all__ = [
     "GRPC_PREFIX",
     "WireStats",
-    "check_draft",
     "params_from_pb",
     "params_to_pb",
     "q_rows_from_pb",
@@ -87,17 +86,3 @@ def round_to_pb(d: Draft) -> pb.SessionRequest:
 
 def q_rows_from_pb(r: pb.Round) -> Sequence[tuple[Sequence[int], Sequence[float]]]:
     return [(row.ids, row.probs) for row in r.q]
-
-
-def check_draft(d: Draft, k: int, V: int) -> None:
-    """Raise ValueError unless d is a draft the worker can verify exactly (else: plain decoding)."""
-    n = len(d.token_ids)
-    if n > k or any(not isinstance(t, int) or not 0 <= t < V for t in d.token_ids):
-        raise ValueError(f"draft of {n} tokens for k={k}, or ids outside [0, {V})")
-    if isinstance(d.q, SparseQ):
-        if d.q.ids.dim() != 2 or d.q.ids.shape != d.q.probs.shape or d.q.ids.shape[0] != n:
-            raise ValueError("sparse q must be ([n, M], [n, M]) for n draft tokens")
-    elif d.q is not None and (d.q.dim() != 2 or d.q.shape[0] != n):
-        raise ValueError("dense q must be [n, V] for n draft tokens")
-    if n and not bool((mass_at_drafts(d)[0] > 0).all()):
-        raise ValueError("a draft token lies outside the q it was supposedly drawn from")
