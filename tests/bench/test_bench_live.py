@@ -21,7 +21,7 @@ from draftgate.types import SamplingParams
 
 ROW_FIELDS = {
     "arm", "category", "load", "requests", "errors", "tokens", "total_tps", "total_tps_per_run", "stream_tps",
-    "ttft_s", "itl_s", "e2e_s", "acceptance_rate", "mean_accepted_length", "speedup", "e2e_ratio",
+    "ttft_s", "itl_s", "e2e_s", "acceptance_rate", "mean_accepted_length", "speedup", "decode_speedup", "e2e_ratio",
 }  # fmt: skip
 DIST_FIELDS = {"p50", "p90", "p99", "mean"}
 REPO = Path(__file__).resolve().parents[2]

@@ -10,6 +10,7 @@ from draftgate.bench.lossless import lossless_check
 from draftgate.bench.stats import (
     RequestRecord,
     WindowRecord,
+    decode_speedups,
     distribution,
     group_by,
     itl_from_chunks,
@@ -113,6 +114,14 @@ def test_speedups_are_per_run_total_throughput_ratios():
         win("spec", 2, 1.0, 100),
     ]  # run 2: no baseline
     assert speedups(arm2, base) == {"min": 1.0, "median": 2.5, "max": 4.0}
+
+
+def test_decode_speedups_leave_prefill_out():
+    # Baseline decodes 3 tokens in 0.3 s after its first token in both runs (10 tok/s).
+    base = [req(arm="p", n=4, ttft=0.2, e2e=0.5, run=0), req(arm="p", n=4, ttft=5.0, e2e=5.3, run=1)]
+    # The arm: twice as fast in run 0 (prefill slower, which must not count), as fast in run 1.
+    arm = [req(n=4, ttft=1.0, e2e=1.15, run=0), req(n=4, ttft=0.1, e2e=0.4, run=1), req(n=1, run=1, ttft=9, e2e=9)]
+    assert decode_speedups(arm, base) == pytest.approx({"min": 1.0, "median": 1.5, "max": 2.0})
 
 
 def test_latency_ratios_use_median_e2e_per_run():

@@ -7,7 +7,8 @@
   ``requests``, ``errors``, ``tokens``, ``total_tps``, ``total_tps_per_run``,
   ``stream_tps``, ``ttft_s`` / ``itl_s`` / ``e2e_s`` as ``{p50, p90, p99, mean}``,
   ``acceptance_rate``, ``mean_accepted_length`` (null for arms without
-  speculation counters), ``speedup`` and ``e2e_ratio`` as ``{min, median, max}``
+  speculation counters), ``speedup`` (end to end, prefill included),
+  ``decode_speedup`` (decoding alone) and ``e2e_ratio`` as ``{min, median, max}``
   over runs against the baseline arm;
 - ``lossless``: ``{checked, reason, arms: {arm: {compared, mismatches, unit, examples}}}``;
 - ``errors`` (the first few failed requests) and ``notes``.
@@ -25,7 +26,14 @@ from typing import Any
 
 from draftgate.bench.lossless import lossless_check
 from draftgate.bench.runner import BenchConfig, BenchResult
-from draftgate.bench.stats import ALL, group_by, latency_ratios, speedups, summarize_group
+from draftgate.bench.stats import (
+    ALL,
+    decode_speedups,
+    group_by,
+    latency_ratios,
+    speedups,
+    summarize_group,
+)
 
 __all__ = ["SCHEMA", "build_report", "write_report", "markdown", "summary_table"]
 
@@ -58,6 +66,7 @@ def build_report(result: BenchResult, cfg: BenchConfig, meta: dict[str, Any]) ->
                     **summarize_group(pick(reqs, arm), pick(wins, arm)),
                 }
                 row["speedup"] = speedups(pick(wins, arm), pick(wins, cfg.baseline))
+                row["decode_speedup"] = decode_speedups(pick(reqs, arm), pick(reqs, cfg.baseline))
                 row["e2e_ratio"] = latency_ratios(pick(reqs, arm), pick(reqs, cfg.baseline))
                 rows.append(row)
     greedy = cfg.params.greedy
@@ -150,13 +159,13 @@ def markdown(report: dict[str, Any], plot_files: Sequence[str] = ()) -> str:
             lines.append(f"| {arm} | {e['compared']} | {e['mismatches']} | {first} |")
         lines.append("")
     head = ("category", "arm", "tok/s total", "tok/s/stream", "TTFT p50 ms", "ITL p50/p90/p99 ms",
-            "e2e p50 s", "acceptance", "mean acc. len", "speedup", "e2e ratio")  # fmt: skip
+            "e2e p50 s", "acceptance", "mean acc. len", "speedup", "decode speedup", "e2e ratio")  # fmt: skip
     for load, rows in group_by(report["results"], lambda r: r["load"]).items():
         lines += [
             f"## {load}",
             "",
             "| " + " | ".join(head) + " |",
-            "|" + "|".join(["---"] * 2 + ["---:"] * 9) + "|",
+            "|" + "|".join(["---"] * 2 + ["---:"] * 10) + "|",
         ]
         for r in rows:
             itl = r["itl_s"]
@@ -164,7 +173,7 @@ def markdown(report: dict[str, Any], plot_files: Sequence[str] = ()) -> str:
                 f"| {r['category']} | {r['arm']} | {_f(r['total_tps'])} | {_f(r['stream_tps'])} | "
                 f"{_f(r['ttft_s']['p50'], '.0f', 1e3)} | {_f(itl['p50'], '.1f', 1e3)}/{_f(itl['p90'], '.1f', 1e3)}/"
                 f"{_f(itl['p99'], '.1f', 1e3)} | {_f(r['e2e_s']['p50'], '.2f')} | {_f(r['acceptance_rate'], '.2f')} | "
-                f"{_f(r['mean_accepted_length'], '.2f')} | {_ratio(r['speedup'])} | {_ratio(r['e2e_ratio'])} |"
+                f"{_f(r['mean_accepted_length'], '.2f')} | {_ratio(r['speedup'])} | {_ratio(r['decode_speedup'])} | {_ratio(r['e2e_ratio'])} |"
             )
         lines.append("")
     if report["errors"]:
@@ -179,8 +188,8 @@ def markdown(report: dict[str, Any], plot_files: Sequence[str] = ()) -> str:
 def summary_table(report: dict[str, Any]) -> str:
     """A short Markdown table for the terminal: the `all` rows of every load level, one line per arm."""
     lines = [
-        "| load | arm | tok/s | speedup | acceptance | mean acc. len | lossless |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| load | arm | tok/s | speedup | decode speedup | acceptance | mean acc. len | lossless |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     ll = report["lossless"]["arms"]
     for r in report["results"]:
@@ -192,6 +201,7 @@ def summary_table(report: dict[str, Any]) -> str:
         )  # fmt: skip
         lines.append(
             f"| {r['load']} | {r['arm']} | {_f(r['total_tps'], '.1f')} | {_f(r['speedup']['median'], '.2f')}x | "
+            f"{_f(r['decode_speedup']['median'], '.2f')}x | "
             f"{_f(r['acceptance_rate'], '.2f')} | {_f(r['mean_accepted_length'], '.2f')} | {same} |"
         )
     return "\n".join(lines)

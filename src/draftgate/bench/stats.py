@@ -12,7 +12,9 @@ Definitions (each metric is defined here once; the report only formats them):
 - ``total_tps`` (per run) = tokens of all windows / wall time of those windows.
 - ``stream_tps`` = median over requests of tokens / e2e latency.
 - ``speedup`` = an arm's ``total_tps`` / the baseline's, per run, then min /
-  median / max over runs.
+  median / max over runs: end to end, prefill included.
+- ``decode_speedup`` = the same for decoding alone: per run, tokens after the first
+  / time after the first token (``e2e_s - ttft_s``), summed over requests.
 - ``acceptance_rate`` = accepted / drafted tokens; ``mean_accepted_length`` =
   emitted / rounds (counts the recovered or bonus token, so plain decoding is 1.0).
 """
@@ -36,6 +38,7 @@ __all__ = [
     "group_by",
     "summarize_group",
     "speedups",
+    "decode_speedups",
     "latency_ratios",
 ]
 
@@ -172,6 +175,20 @@ def summarize_group(
 def speedups(arm: Sequence[WindowRecord], baseline: Sequence[WindowRecord]) -> dict[str, float]:
     """Per-run total-throughput ratios arm / baseline, summarized as min / median / max."""
     a, b = _total_tps_per_run(arm), _total_tps_per_run(baseline)
+    return ratio_summary([a[r] / b[r] for r in sorted(a) if r in b and b[r] > 0])
+
+
+def decode_speedups(arm: Sequence[RequestRecord], baseline: Sequence[RequestRecord]) -> dict[str, float]:
+    """Per-run decode-rate ratios arm / baseline (prefill left out), as min / median / max."""
+
+    def per_run(rs: Sequence[RequestRecord]) -> dict[int, float]:
+        out = {}
+        for run, g in group_by([r for r in rs if r.error is None and r.n_tokens > 1], lambda r: r.run).items():
+            seconds = sum(r.e2e_s - r.ttft_s for r in g)
+            out[run] = sum(r.n_tokens - 1 for r in g) / seconds if seconds > 0 else math.nan
+        return out
+
+    a, b = per_run(arm), per_run(baseline)
     return ratio_summary([a[r] / b[r] for r in sorted(a) if r in b and b[r] > 0])
 
 
