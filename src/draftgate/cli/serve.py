@@ -92,7 +92,7 @@ def add_route_args(p: argparse.ArgumentParser) -> None:
 
 
 def _drafter_arg(v: str) -> str:
-    from draftgate.server.backends import parse_drafter
+    from draftgate.server.targets import parse_drafter
 
     try:
         parse_drafter(v)
@@ -102,7 +102,7 @@ def _drafter_arg(v: str) -> str:
 
 
 def _target_arg(v: str) -> str:
-    from draftgate.server.backends import parse_target
+    from draftgate.server.targets import parse_target
 
     try:
         parse_target(v)
@@ -125,8 +125,8 @@ def route_specs(a: argparse.Namespace):  # -> list[RouteSpec]
 def route_from_flags(a: argparse.Namespace):  # -> RouteSpec
     """The one route that flags describe (no --routes)."""
     from draftgate.engine.config import DrafterKind
-    from draftgate.server.backends import TargetKind, parse_target
     from draftgate.server.routes_file import RouteSpec
+    from draftgate.server.targets import TargetKind, parse_target
 
     dspec = _drafter_spec(a)
     target = parse_target(a.target)
@@ -146,7 +146,7 @@ def route_from_flags(a: argparse.Namespace):  # -> RouteSpec
 
 
 def _drafter_spec(a: argparse.Namespace):  # -> DrafterSpec
-    from draftgate.server.backends import parse_drafter
+    from draftgate.server.targets import parse_drafter
 
     if a.draft_timeout_ms is not None:
         if a.draft_timeout_ms <= 0:

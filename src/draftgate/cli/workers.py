@@ -137,7 +137,7 @@ def _runner(a: argparse.Namespace):  # -> ModelRunner
 
 def run_target(a: argparse.Namespace) -> int:
     from draftgate.engine.session_host import SessionHost
-    from draftgate.server.rpc.target_server import TargetWorkerServer
+    from draftgate.server.workers.target_server import TargetWorkerServer
 
     _setup(a)
     runner = _runner(a)
@@ -161,7 +161,7 @@ def run_draft(a: argparse.Namespace) -> int:
 
     from draftgate.drafters import NgramDrafter
     from draftgate.drafters.model import ModelDrafter
-    from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
+    from draftgate.server.workers.draft_worker import DraftService, create_draft_app
 
     _setup(a)
     if a.drafter == "ngram":

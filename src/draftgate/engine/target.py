@@ -11,8 +11,8 @@ side of a sequence:
 3. ``close``: forget the sequence (free its KV or session); idempotent.
 
 Implementations: ``LocalTarget`` (our runner in this process), the gRPC worker session target
-(``server.rpc.grpc_target``) and the OpenAI-compatible server target
-(``server.backends.openai_target``). What a target can do is stated in ``TargetInfo``, never
+(``server.targets.grpc_target``) and the OpenAI-compatible server target
+(``server.targets.openai_target``). What a target can do is stated in ``TargetInfo``, never
 probed.
 """
 

@@ -14,7 +14,7 @@ Optional per route: ``draft_model``, ``kv_blocks``, ``max_batch``, ``max_queue``
 ``draft_timeout_ms`` (remote drafters: a slower answer costs that round its drafts),
 ``allow_approximate`` (openai+http targets only: serve sampling requests with the
 approximate verifier, flagged as ``approximate`` on the request's stats and counted
-by the back end; default false = sampling requests are refused with a 400). See ``draftgate.server.backends``. Every error names the file, the
+by the back end; default false = sampling requests are refused with a 400). See ``draftgate.server.targets``. Every error names the file, the
 line where possible, and the reason. Routes that share a model path share one
 loaded model (one copy of the weights in host memory); each gets its own engine.
 """
@@ -33,15 +33,15 @@ import yaml
 from draftgate.engine import DrafterKind, EngineConfig
 from draftgate.errors import DraftGateError
 from draftgate.models.loader import LoadedModel, load_model, resolve_model_path
-from draftgate.server.backends import (
+from draftgate.server.routes import ROUTE_NAME_RE, Route, RouteTable
+from draftgate.server.targets import (
     DrafterSpec,
     TargetKind,
     TargetSpec,
     parse_drafter,
     parse_target,
 )
-from draftgate.server.backends.build import build_backend
-from draftgate.server.routes import ROUTE_NAME_RE, Route, RouteTable
+from draftgate.server.targets.build import build_backend
 
 __all__ = ["RouteSpec", "RoutesFileError", "load_routes_file", "parse_routes", "build_route_table"]
 

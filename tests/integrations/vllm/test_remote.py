@@ -11,7 +11,7 @@ from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.http import HttpDrafter
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.integrations.vllm.remote import PrefetchingDrafter
-from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
+from draftgate.server.workers.draft_worker import DraftService, create_draft_app
 from draftgate.types import SamplingParams
 
 TEXT = [5, 6, 7, 8, 9, 10, 11, 12] * 12

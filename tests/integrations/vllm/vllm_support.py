@@ -18,7 +18,7 @@ from gateway_support import serve_app
 
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.integrations.vllm.launch import free_port
-from draftgate.server.rpc.draft_worker import DraftService, create_draft_app
+from draftgate.server.workers.draft_worker import DraftService, create_draft_app
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,8 +1,8 @@
-"""How the draft head's held-out agreement grows with its training data (issue 13's 0.6 goal).
+"""How the draft head's held-out agreement grows with its training data (the goal: 0.6).
 
 On the 2-core CPU the data is the bottleneck: the target generates ~330k tokens in the 30-minute
 budget, and more steps on them no longer raise the held-out agreement (docs/BENCHMARKS.md,
-issue 13, tenth session, item 2). This measures what more data would buy. The target's
+"Draft head training and agreement"). This measures what more data would buy. The target's
 continuations of ``--data`` are generated once with ``--continuations N`` (the greedy one, then
 N - 1 sampled at ``--sample-temperature``, per prompt); each multiple m in ``--multiples`` then
 trains a fresh head on the greedy continuations plus m - 1 sampled ones per prompt, for
@@ -10,7 +10,7 @@ trains a fresh head on the greedy continuations plus m - 1 sampled ones per prom
 times. The held-out agreement is measured on the greedy continuations of ``--eval-data``, as
 ``distill --kind eagle`` does. Meant for a GPU (``--device cuda``); on the CPU use small numbers.
 
-    python benchmarks/eagle_data_scaling.py --device cuda --continuations 4 --multiples 4,1,2 --out scaling
+    python benchmarks/studies/eagle_data_scaling.py --device cuda --continuations 4 --multiples 4,1,2 --out scaling
 """
 
 from __future__ import annotations

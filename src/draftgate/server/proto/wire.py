@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from draftgate.drafters.base import Draft, SparseQ, is_one_hot
-from draftgate.server.rpc import target_pb2 as pb
+from draftgate.server.proto import target_pb2 as pb
 from draftgate.types import SamplingParams
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Remote back ends for gateway routes: where a route's target runs and where its drafts come from.
+"""Targets the gateway calls: where a route's target runs and where its drafts come from.
 
 Target specs (``--target`` / a route's ``target`` key):
 

@@ -10,7 +10,7 @@ from draftgate.engine.config import DrafterKind
 from draftgate.engine.engine import Engine
 from draftgate.engine.factory import build_drafter, build_runner
 from draftgate.models.loader import LoadedModel
-from draftgate.server.backends import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
+from draftgate.server.targets import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
 
 __all__ = ["build_backend", "make_drafter"]
 
@@ -55,14 +55,14 @@ def build_backend(
         )
     d = make_drafter(cfg, drafter, loaded)
     if target.kind is TargetKind.GRPC:
-        from draftgate.server.rpc.client import RemoteTargetEngine
+        from draftgate.server.targets.grpc_engine import RemoteTargetEngine
 
         return RemoteTargetEngine(
             list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
             draft_timeout_s=drafter.timeout_s if drafter.remote else None,
         )  # fmt: skip
     if target.kind is TargetKind.OPENAI:
-        from draftgate.server.backends.openai_target import OpenAITargetEngine
+        from draftgate.server.targets.openai_target import OpenAITargetEngine
 
         return OpenAITargetEngine(
             target.addresses[0],
@@ -74,7 +74,7 @@ def build_backend(
             allow_approximate=allow_approximate,
         )
     if target.kind is TargetKind.VLLM:
-        from draftgate.server.backends.vllm_plugin import VllmPluginBackend
+        from draftgate.server.targets.vllm_plugin import VllmPluginBackend
 
         return VllmPluginBackend(
             target.addresses[0], loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max,

@@ -10,7 +10,7 @@ vocabulary subset (the rows are the target's own and frozen, so no retraining is
 reports the share of the target's tokens the subset covers: whether the subset is what limits
 agreement.
 
-    python benchmarks/eagle_head_agreement.py --heads src/draftgate/data/heads/smollm2-135m heads/other \\
+    python benchmarks/studies/eagle_head_agreement.py --heads src/draftgate/data/heads/smollm2-135m heads/other \\
         --prompts src/draftgate/data/chat_eval.jsonl benchmarks/prompts/heldout.jsonl
 """
 

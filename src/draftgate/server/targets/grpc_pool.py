@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from draftgate.server.rpc import target_pb2 as pb
-from draftgate.server.rpc import target_pb2_grpc as pb_grpc
+from draftgate.server.proto import target_pb2 as pb
+from draftgate.server.proto import target_pb2_grpc as pb_grpc
 
 __all__ = ["NoWorkerError", "WorkerHandle", "WorkerPool", "parse_target"]
 

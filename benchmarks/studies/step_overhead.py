@@ -7,7 +7,7 @@ the native forward (the C++ call, from its own phase clock), the runner's Python
 caller). Then a cProfile of the engine thread lists the Python functions the bookkeeping spends
 its time in (profiling slows Python down, so only its shares are meaningful).
 
-    .venv/bin/python benchmarks/step_overhead.py --tokens 128
+    .venv/bin/python benchmarks/studies/step_overhead.py --tokens 128
 """
 
 from __future__ import annotations

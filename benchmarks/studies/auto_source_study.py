@@ -18,8 +18,8 @@ measured here, plus the head's step (``--head-step``, a share of a one-token for
 ``--json`` of an earlier run as ``--rows`` to replay it without the target). A model, not the
 engine: no goodput controller (K is fixed), no catch-up costs; it ranks rules, the bench decides.
 
-    .venv/bin/python benchmarks/auto_source_study.py --prompts benchmarks/prompts/heldout.jsonl --json out.json
-    .venv/bin/python benchmarks/auto_source_study.py --rows out.json
+    .venv/bin/python benchmarks/studies/auto_source_study.py --prompts benchmarks/prompts/heldout.jsonl --json out.json
+    .venv/bin/python benchmarks/studies/auto_source_study.py --rows out.json
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _both(r: dict, st: dict) -> str:  # a short-match lookup round also carries 
 
 
 def _own_evidence(r: dict, st: dict) -> str:
-    """auto since the twelfth session: a suffix draft copied from earlier requests (the global trie)
+    """auto as it is: a suffix draft copied from earlier requests (the global trie)
     on a context match under 4 tokens does not count toward lookup's turn (the n-gram's still does)."""
     if r.get("suffix_global") and r["from_suffix"] and r["suffix_match_depth"] < 4:
         return "lookup" if r["ngram_n"] else "head"  # an n-gram match drafts K tokens

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from draftgate.server.rpc import target_pb2 as draftgate_dot_v1_dot_target__pb2
+from draftgate.server.proto import target_pb2 as draftgate_dot_v1_dot_target__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

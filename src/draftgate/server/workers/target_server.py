@@ -18,9 +18,9 @@ import grpc
 
 from draftgate.engine.session_host import RoundResult, SessionGone, SessionHost, WorkerShuttingDown
 from draftgate.errors import BadRequestError
-from draftgate.server.rpc import target_pb2 as pb
-from draftgate.server.rpc import target_pb2_grpc as pb_grpc
-from draftgate.server.rpc.wire import params_from_pb, q_rows_from_pb
+from draftgate.server.proto import target_pb2 as pb
+from draftgate.server.proto import target_pb2_grpc as pb_grpc
+from draftgate.server.proto.wire import params_from_pb, q_rows_from_pb
 
 __all__ = ["TargetServicer", "TargetWorkerServer"]
 

@@ -29,9 +29,9 @@ import grpc
 
 from draftgate.engine import RoundDone, RoundWork, TargetInfo, check_prompt
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.rpc import target_pb2 as pb
-from draftgate.server.rpc.pool import NoWorkerError, WorkerHandle, WorkerPool
-from draftgate.server.rpc.wire import GRPC_PREFIX, WireStats, params_to_pb, round_to_pb
+from draftgate.server.proto import target_pb2 as pb
+from draftgate.server.proto.wire import GRPC_PREFIX, WireStats, params_to_pb, round_to_pb
+from draftgate.server.targets.grpc_pool import NoWorkerError, WorkerHandle, WorkerPool
 from draftgate.types import SamplingParams
 
 __all__ = ["GrpcTarget", "RemoteError"]

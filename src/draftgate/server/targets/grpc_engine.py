@@ -14,9 +14,9 @@ from draftgate.drafters.base import Drafter
 from draftgate.drafters.time_limit import TimeLimitedDrafter
 from draftgate.engine.engine import Engine, Sink
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.rpc.grpc_target import GrpcTarget, RemoteError
-from draftgate.server.rpc.pool import WorkerPool
-from draftgate.server.rpc.wire import WireStats
+from draftgate.server.proto.wire import WireStats
+from draftgate.server.targets.grpc_pool import WorkerPool
+from draftgate.server.targets.grpc_target import GrpcTarget, RemoteError
 from draftgate.types import SamplingParams
 
 __all__ = ["RemoteTargetEngine", "RemoteError"]

@@ -1,4 +1,4 @@
-"""Cost of one draft-head step against one one-token target forward (issue 13: goal <= 8%).
+"""Cost of one draft-head step against one one-token target forward (goal: <= 8%).
 
 Both on the bundled SmolLM2 in this process (one library, one thread pool), interleaved, run from
 a thread that is not the one that built the model (as the engine's loop):
@@ -7,7 +7,7 @@ chain step of the head (one entry over a head cache of the same length, its logi
 argmax), medians over --reps. Also the whole draft of K tokens as the engine runs it (one
 absorbing pass over the tokens committed last round + K - 1 chain steps).
 
-  .venv/bin/python benchmarks/eagle_step_cost.py [--head DIR] [--ctx 200] [--reps 200] [--torch-products]
+  .venv/bin/python benchmarks/studies/eagle_step_cost.py [--head DIR] [--ctx 200] [--reps 200] [--torch-products]
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ runs the forwards), at a fixed context, after warm-up; median of --reps per n, t
 round by round. ``--kernels torch`` measures PyTorch's CPU kernels the same way (the "before").
 Also prints the native forward's phase profile at n = 1 and n = 9.
 
-    .venv/bin/python benchmarks/pass_cost.py                       # native kernels (the default)
-    .venv/bin/python benchmarks/pass_cost.py --kernels torch --dtype float32
+    .venv/bin/python benchmarks/studies/pass_cost.py                       # native kernels (the default)
+    .venv/bin/python benchmarks/studies/pass_cost.py --kernels torch --dtype float32
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ from draftgate.engine.session_host import SessionHost
 from draftgate.errors import BadRequestError
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
-from draftgate.server.rpc import target_pb2 as pb
-from draftgate.server.rpc import target_pb2_grpc as pb_grpc
-from draftgate.server.rpc.client import RemoteTargetEngine
-from draftgate.server.rpc.target_server import TargetWorkerServer
-from draftgate.server.rpc.wire import round_to_pb
+from draftgate.server.proto import target_pb2 as pb
+from draftgate.server.proto import target_pb2_grpc as pb_grpc
+from draftgate.server.proto.wire import round_to_pb
+from draftgate.server.targets.grpc_engine import RemoteTargetEngine
+from draftgate.server.workers.target_server import TargetWorkerServer
 from draftgate.types import SamplingParams
 
 WAIT_S = 30.0
