@@ -88,6 +88,14 @@ class Arm(Protocol):
 
     def stream(self, messages: list[Message], params: SamplingParams) -> AsyncIterator[Piece]: ...
 
+    def new_run(self) -> None:
+        """A run starts: drop what earlier runs left (a drafter's memory of their answers)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the runner's event loop opened (HTTP clients); the runner calls it last."""
+        ...
+
     def close(self) -> None: ...
 
 

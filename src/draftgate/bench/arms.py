@@ -47,9 +47,12 @@ class EngineArm:
                 )
             yield Piece(len(c.token_ids), c.text, list(c.token_ids), c.stats)
 
-    def forget(self) -> None:
-        """A new run: the drafter forgets earlier runs' answers (``Engine.forget_finished``)."""
+    def new_run(self) -> None:
+        """The drafter forgets earlier runs' answers (``Engine.forget_finished``)."""
         self.engine.forget_finished()
+
+    async def aclose(self) -> None:
+        pass
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -165,6 +165,12 @@ class HFArm:
         if rest:
             yield Piece(0, rest)
 
+    def new_run(self) -> None:
+        pass  # no drafter memory across requests
+
+    async def aclose(self) -> None:
+        pass
+
     def close(self) -> None:
         self._model = None
 
@@ -209,6 +215,12 @@ class LlamaCppArm:
 
         async for text in _stream_from_thread(produce):
             yield Piece(1, text)
+
+    def new_run(self) -> None:
+        pass  # no drafter memory across requests
+
+    async def aclose(self) -> None:
+        pass
 
     def close(self) -> None:
         self._llm = None

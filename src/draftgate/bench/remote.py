@@ -103,6 +103,9 @@ class OpenAIArm:
         except Exception as e:
             raise ArmError(f"arm {self.spec.name}: {type(e).__name__}: {e}") from e
 
+    def new_run(self) -> None:
+        pass  # a server we do not own: its caches are its own
+
     async def aclose(self) -> None:
         """Close the HTTP client inside the loop that opened it (the runner calls this)."""
         if self._client is not None:
