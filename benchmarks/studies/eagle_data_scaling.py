@@ -26,7 +26,8 @@ import torch
 from draftgate.models.eagle import default_feature_layers
 from draftgate.models.loader import load_model
 from draftgate.train.data import read_records
-from draftgate.train.eagle import EagleConfig, train_head
+from draftgate.train.eagle import train_head
+from draftgate.train.eagle_config import EagleConfig
 from draftgate.train.states import States, generate_states
 
 DATA = ("src/draftgate/data/chat_train.jsonl", "src/draftgate/data/chat_written.jsonl",

@@ -15,14 +15,10 @@ from draftgate.engine import DrafterKind, EngineConfig, build_engine
 from draftgate.errors import ModelLoadError
 from draftgate.models.eagle import EagleHead, default_feature_layers
 from draftgate.models.loader import LoadedModel
-from draftgate.train.eagle import (
-    EagleConfig,
-    _batch,
-    _loss,
-    choose_precision,
-    fit_steps,
-    train_eagle,
-)
+from draftgate.train.eagle import train_eagle
+from draftgate.train.eagle_budget import choose_precision, fit_steps
+from draftgate.train.eagle_config import EagleConfig
+from draftgate.train.eagle_objective import make_batch, rollout_loss
 from draftgate.train.states import States
 from draftgate.types import SamplingParams
 
@@ -62,9 +58,9 @@ def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, t
     assert meta["trained"]["precision"] == precision
     assert load_file(str(out / "head.safetensors"))["vocab_ids"].numel() == 40
     # Killed during step 23 (last checkpoint: step 20) and resumed: the same run, loss for loss.
-    import draftgate.train.eagle as mod
+    import draftgate.train.eagle_objective as mod
 
-    calls, real_loss = [0], mod._loss
+    calls, real_loss = [0], mod.rollout_loss
 
     def crash_at_23(*a: object, **kw: object) -> torch.Tensor:
         calls[0] += 1
@@ -73,12 +69,12 @@ def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, t
         return real_loss(*a, **kw)  # type: ignore[arg-type]
 
     part = tmp_path / "part"
-    mod._loss = crash_at_23  # type: ignore[assignment]
+    mod.rollout_loss = crash_at_23  # type: ignore[assignment]
     try:
         with pytest.raises(KeyboardInterrupt):
             train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, precision=precision), progress=False, log=logs.append)
     finally:
-        mod._loss = real_loss  # type: ignore[assignment]
+        mod.rollout_loss = real_loss  # type: ignore[assignment]
     other = "fp32" if precision == "bf16" else "bf16"
     with pytest.raises(ValueError, match=f"trained with --precision {precision}"):  # a resume keeps its precision
         train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, resume=True, precision=other), progress=False)
@@ -149,9 +145,9 @@ def test_feature_loss_regresses_each_step_onto_the_target_state_it_predicts(tiny
     head.init_weights(tiny_model.weights)
     head.eval()  # no feature noise: the two losses see the same forward
     S, w = 2, 0.7
-    bt = _batch(seqs, S, 64, sub_of, 0.25, torch.Generator().manual_seed(0))
+    bt = make_batch(seqs, S, 64, sub_of, 0.25, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        base, withreg = _loss(head, bt, S, 0.5, 0.8), _loss(head, bt, S, 0.5, 0.8, feature_loss=w)
+        base, withreg = rollout_loss(head, bt, S, 0.5, 0.8), rollout_loss(head, bt, S, 0.5, 0.8, feature_loss=w)
         states: list[torch.Tensor] = []
         head.rollout(bt["feats"], bt["nxt"], S, states)
     reg, norm = 0.0, 0.0
@@ -200,12 +196,13 @@ def test_a_time_budget_lays_the_schedule_over_the_steps_that_fit_and_a_resume_ke
     tiny_model_dir: Path, data_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import draftgate.train.eagle as mod
+    import draftgate.train.eagle_objective as objective_mod
 
     # Steps priced at 0.5 s and 1 s (the tiny model's real ones take milliseconds): a 20-second budget fits
     # about 30 of --steps 200, and the run, far faster than priced, ends on its plan, not on the deadline.
-    monkeypatch.setattr(mod, "_step_seconds", lambda *a, **kw: (0.5, 1.0))
+    monkeypatch.setattr(mod, "step_seconds", lambda *a, **kw: (0.5, 1.0))
     rollouts: list[int] = []
-    real_loss = mod._loss
+    real_loss = objective_mod.rollout_loss
 
     def counting(head: EagleHead, bt: dict, S: int, *a: object) -> torch.Tensor:
         rollouts.append(S)
@@ -214,7 +211,7 @@ def test_a_time_budget_lays_the_schedule_over_the_steps_that_fit_and_a_resume_ke
         return real_loss(head, bt, S, *a)  # type: ignore[arg-type]
 
     crash = [True]
-    monkeypatch.setattr(mod, "_loss", counting)
+    monkeypatch.setattr(objective_mod, "rollout_loss", counting)
     out, logs = tmp_path / "head", []
     cfg = _cfg(tiny_model_dir, data_file, out, steps=200, max_minutes=20 / 60)
     with pytest.raises(KeyboardInterrupt):
@@ -222,7 +219,7 @@ def test_a_time_budget_lays_the_schedule_over_the_steps_that_fit_and_a_resume_ke
     planned = torch.load(out / "checkpoint.pt", weights_only=False)["planned"]
     assert 20 < planned < 40 and any(f"laid out over {planned}" in m for m in logs)
     crash[0] = False
-    monkeypatch.setattr(mod, "_step_seconds", lambda *a, **kw: pytest.fail("a resume re-measured the steps"))
+    monkeypatch.setattr(mod, "step_seconds", lambda *a, **kw: pytest.fail("a resume re-measured the steps"))
     rep = train_eagle(replace(cfg, resume=True), progress=False, log=logs.append)
     assert rep.steps == planned and not any("reached" in m for m in logs)  # the plan ended the run
     assert json.loads((out / "head.json").read_text())["trained"]["schedule_steps"] == planned

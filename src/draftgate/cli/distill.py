@@ -190,7 +190,8 @@ def run(a: argparse.Namespace) -> int:
     if a.kind == "eagle":
         import torch
 
-        from draftgate.train.eagle import EagleConfig, train_eagle
+        from draftgate.train.eagle import train_eagle
+        from draftgate.train.eagle_config import EagleConfig
 
         cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
                             feature_noise=a.feature_noise, feature_loss=a.feature_loss, data_share=a.data_share, weight_decay=a.weight_decay, continuations=a.continuations,

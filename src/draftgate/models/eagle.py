@@ -8,15 +8,13 @@ target's own output rows, restricted to the most frequent tokens (FR-Spec), give
 logits for ``x_{t+2}``. Drafting a chain feeds ``h`` back in place of ``g``: draft j reads the
 head's own output of draft j - 1 ("training-time test" in EAGLE-3 trains exactly that rollout).
 
-The embedding and the output rows are the target's, frozen and never saved: a head file holds
-its trainable weights, the vocabulary subset and a fingerprint of the target it was trained
-for, and ``check_target`` refuses it for another model (``check-pair`` semantics).
+The embedding and the output rows are the target's, frozen and never saved: the folder a head
+saves to and loads from, and the check that it belongs to this target, are ``eagle_format``'s;
+drafting on the native kernels (``use_native``) is ``eagle_native``'s.
 """
 
 from __future__ import annotations
 
-import json
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -24,55 +22,22 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.eagle_format import check_target, read_head, write_head
+from draftgate.models.eagle_native import NativeHead
 from draftgate.models.native.build import NativeLib
-from draftgate.models.native_llama import PackedLinear
 
-__all__ = ["EagleHead", "HeadCache", "target_fingerprint", "check_target", "default_feature_layers", "FORMAT"]
+# check_target is eagle_format's; drafters.eagle imports it from here.
+__all__ = ["EagleHead", "HeadCache", "default_feature_layers", "check_target"]
 
-FORMAT = "draftgate-eagle-head/1"
-_PROBE_IDS = (0, 1, 2, 100, 1000)
-_MODULES = {"fuse": "fuse", "inp": "inp", "o": "o_proj", "down": "down_proj"}  # products with one weight  # embedding rows whose sums identify the target's weights
+_MODULES = {"fuse": "fuse", "inp": "inp", "o": "o_proj", "down": "down_proj"}  # products with one weight
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """Low, mid and high (EAGLE-3): after layer 2, after the middle layer, and the final normed hidden."""
     return tuple(sorted({min(2, num_layers), num_layers // 2, num_layers}))
-
-
-def target_fingerprint(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict:
-    """The target's shape and a few sums of its embedding rows (equal in any dtype to ~1e-3)."""
-    emb = weights["model.embed_tokens.weight"]
-    rows = [i for i in _PROBE_IDS if i < cfg.vocab_size]
-    return {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_layers": cfg.num_layers,
-        "probe": [round(float(emb[i].float().abs().sum()), 4) for i in rows],
-    }
-
-
-def check_target(meta: dict, cfg: ModelConfig, weights: dict[str, torch.Tensor], where: str) -> None:
-    """Refuse a head trained for another target, with the reason."""
-    want, have = meta.get("target") or {}, target_fingerprint(cfg, weights)
-    for key in ("vocab_size", "hidden_size", "num_layers"):
-        if want.get(key) != have[key]:
-            raise ModelLoadError(
-                f"draft head {where} was trained for a target with {key} = {want.get(key)}, "
-                f"this target has {have[key]}: train one for it with `draftgate distill --kind eagle`"
-            )
-    probe = want.get("probe") or []
-    if len(probe) != len(have["probe"]) or any(
-        abs(a - b) > 2e-3 * max(1.0, abs(a)) for a, b in zip(probe, have["probe"], strict=False)
-    ):
-        raise ModelLoadError(
-            f"draft head {where} was trained for a different target (same shape, other weights): "
-            "its drafts would rarely be accepted; train one for this model with `draftgate distill --kind eagle`"
-        )
 
 
 @dataclass
@@ -83,6 +48,13 @@ class HeadCache:
     v: torch.Tensor  # [Hkv, cap, D]
     n: int = 0  # entries held
     start: int = 0  # position of entry 0 (a prefix-cached prompt has no features before it)
+
+    def reserve(self, m: int) -> None:
+        """Room for m more entries: the capacity grows by itself or by m, whichever is more."""
+        if self.n + m > self.k.shape[1]:
+            more = max(self.k.shape[1], m)
+            pad = torch.zeros(self.k.shape[0], more, self.k.shape[2])
+            self.k, self.v = torch.cat([self.k, pad], 1), torch.cat([self.v, pad.clone()], 1)
 
 
 class EagleHead(nn.Module):
@@ -111,10 +83,7 @@ class EagleHead(nn.Module):
         self.embed: torch.Tensor | None = None  # [V, C] the target's, frozen (attach_target)
         self.out_rows: torch.Tensor | None = None  # [Vs, C] the target's output rows, frozen
         self._fast: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None  # drafting's products
-        self._native: tuple[NativeLib, torch.dtype] | None = None
-        self._handle: int | None = None  # the native step's C struct (_native_head)
-        self._handle_keep: object = None
-        self._handle_free: weakref.finalize | None = None
+        self._native: NativeHead | None = None  # drafting on the native kernels (use_native)
         self.feature_noise = 0.0  # training only (train.eagle sets it)
 
     # ------------------------------------------------------------------ build
@@ -141,23 +110,13 @@ class EagleHead(nn.Module):
             self.norm_out.copy_(weights["model.norm.weight"].float())
 
     def save(self, folder: Path, meta: dict) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
-        state["vocab_ids"] = self.vocab_ids.to("cpu", torch.int32).contiguous()
-        save_file(state, str(folder / "head.safetensors"))
-        info = {"format": FORMAT, "feature_layers": list(self.feature_layers), "vocab_subset": int(self.vocab_ids.numel()), **meta}
-        (folder / "head.json").write_text(json.dumps(info, indent=2) + "\n")
+        """Write the head folder (``eagle_format``): the trainable weights, the vocabulary subset, ``meta``."""
+        write_head(folder, self.state_dict(), self.vocab_ids, self.feature_layers, meta)
 
     @classmethod
     def load(cls, folder: Path, tcfg: ModelConfig, weights: dict[str, torch.Tensor]) -> EagleHead:
-        meta_path, w_path = folder / "head.json", folder / "head.safetensors"
-        if not meta_path.is_file() or not w_path.is_file():
-            raise ModelLoadError(f"{folder}: not a draft head folder (needs head.json and head.safetensors)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ModelLoadError(f"{folder}: head format {meta.get('format')!r}, expected {FORMAT!r}")
-        check_target(meta, tcfg, weights, str(folder))
-        state = load_file(str(w_path))
+        """The head saved in ``folder``, for this target only (``check_target``), attached to it, frozen."""
+        meta, state = read_head(folder, tcfg, weights)
         head = cls(tcfg, tuple(meta["feature_layers"]), state.pop("vocab_ids").long())
         head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         return head.attach_target(weights).eval()
@@ -222,15 +181,9 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------- products
 
     def use_native(self, lib: NativeLib, dtype: torch.dtype = torch.bfloat16) -> EagleHead:
-        """Draft with the products on the native kernels' pool, weights stored as ``dtype``.
-
-        Measured in the engine's thread (docs/BENCHMARKS.md): torch's small GEMMs there
-        pay a thread wake-up each while the native pool spins, and bfloat16 halves the bytes a
-        step streams after the target's forward has evicted the head from the cache. Drafts are
-        verified, so the head's rounding changes acceptance at most, never the output.
-        """
-        self._native = (lib, dtype)
+        """Draft with the products on the native kernels' pool, weights stored as ``dtype`` (``NativeHead``)."""
         self._drop_fast()
+        self._native = NativeHead(lib, dtype)
         return self
 
     def prepare(self) -> EagleHead:
@@ -239,16 +192,16 @@ class EagleHead(nn.Module):
         token), which the engine would otherwise learn as the head's catch-up price."""
         if not self.training and self.out_rows is not None:
             if self._native is not None:
-                self._native_head()
+                self._native.handle(self, self._products())
             else:
                 self._products()
         return self
 
     def _drop_fast(self) -> None:
         """Forget the frozen products and the native step's struct (weights or kernels changed)."""
-        if self._handle_free is not None:
-            self._handle_free()
-        self._fast, self._handle, self._handle_keep, self._handle_free = None, None, None, None
+        if self._native is not None:
+            self._native.close()
+        self._fast = None
 
     def _weights(self) -> dict[str, torch.Tensor]:
         """Every product's weight [N, K], q|k|v and gate|up concatenated (one product each)."""
@@ -276,8 +229,7 @@ class EagleHead(nn.Module):
             with torch.no_grad():
                 w = {k: v.detach().contiguous() for k, v in self._weights().items()}
                 if self._native is not None:
-                    lib, dtype = self._native
-                    self._fast = {k: PackedLinear(lib, v, dtype) for k, v in w.items()}
+                    self._fast = self._native.pack(w)
                 else:
                     self._fast = {k: partial(F.linear, weight=v) for k, v in w.items()}
         return self._fast
@@ -376,58 +328,7 @@ class EagleHead(nn.Module):
             hs = [self.extend(c, self.fused(x) if feats is not None else x, t) for c, x, t in zip(caches, x_list, tokens, strict=True)]
             h = torch.stack(hs)  # [B, C]
             return h, self.logits(h)
-        B = len(caches)
-        m = torch.tensor([x.shape[0] for x in x_list], dtype=torch.int32)  # [B]
-        for c, mb in zip(caches, m.tolist(), strict=True):
-            self._grow(c, mb)
-        x = torch.cat(x_list).to(torch.float32).contiguous()  # [M, nF, C] or [M, C]
-        toks = torch.cat([t.reshape(-1) for t in tokens]).to(torch.int64).contiguous()  # [M]
-        if toks.numel() != int(m.sum()):
-            raise ValueError("one token per new entry")
-        meta = torch.tensor(
-            [[c.start + c.n, c.k.data_ptr(), c.v.data_ptr(), c.n, c.k.shape[1]] for c in caches], dtype=torch.int64
-        ).T.contiguous()  # [5, B]: pos0, key and value addresses, n, capacity
-        h = torch.empty(B, self.tcfg.hidden_size)  # [B, C]
-        logits = torch.empty(B, self.vocab_ids.numel())  # [B, Vs]
-        best = torch.empty(B, dtype=torch.int64)
-        lib, handle = self._native[0], self._native_head()
-        rc = lib.cdll.dg_head_step(
-            handle, B, m.data_ptr(), x.data_ptr() if feats is not None else None,
-            x.data_ptr() if g is not None else None, toks.data_ptr(),
-            *[meta[i].data_ptr() for i in range(5)], h.data_ptr(), logits.data_ptr(), best.data_ptr(),
-        )  # fmt: skip
-        if rc != 0:
-            msg = lib.cdll.dg_last_error().decode()
-            raise (IndexError if rc == 2 else RuntimeError)(f"native head step failed: {msg}")
-        for c, mb in zip(caches, m.tolist(), strict=True):
-            c.n += mb
-        return h, logits
-
-    def _native_head(self) -> int:
-        """The C handle of this frozen head (models/native/head_step.h), built with its products."""
-        if self._handle is None:
-            fast = self._products()
-            assert self._native is not None and self.embed is not None
-            lib, c = self._native[0], self.tcfg
-            keep = [t.detach().to(torch.float32).contiguous() for t in (
-                self.inv_freq, self.norm_f, self.norm_e, self.norm_g, self.norm_attn, self.norm_mlp, self.norm_out,
-            )] + [self.embed.contiguous()]  # fmt: skip
-            packed = [fast[k]._h for k in ("fuse", "inp", "qkv", "o", "gate_up", "down", "out")]  # type: ignore[attr-defined]
-            h = lib.cdll.dg_head_new(
-                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                len(self.feature_layers), c.rms_norm_eps, *[t.data_ptr() for t in keep[:7]], *packed,
-                keep[7].data_ptr(), keep[7].shape[0],
-            )  # fmt: skip
-            self._handle, self._handle_keep = h, (keep, dict(fast))  # the C struct points into these
-            self._handle_free = weakref.finalize(self, lib.cdll.dg_head_free, h)
-        return self._handle
-
-    def _grow(self, cache: HeadCache, m: int) -> None:
-        if cache.n + m > cache.k.shape[1]:
-            c = self.tcfg
-            more = max(cache.k.shape[1], m)
-            pad = torch.zeros(c.num_kv_heads, more, c.head_dim)
-            cache.k, cache.v = torch.cat([cache.k, pad], 1), torch.cat([cache.v, pad.clone()], 1)
+        return self._native.step(self, self._products(), caches, tokens, x_list, feats is not None)
 
     @torch.inference_mode()
     def extend(self, cache: HeadCache, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -436,7 +337,7 @@ class EagleHead(nn.Module):
         True features' entries stay; a draft's entries are dropped again with ``truncate``.
         """
         m = g.shape[0]
-        self._grow(cache, m)
+        cache.reserve(m)
         u = self._input(g, tokens)[None]  # [1, m, C]
         pos = torch.arange(cache.start + cache.n, cache.start + cache.n + m)
         q, k, v = self._qkv(u, pos)  # q [1, H, m, D], k v [1, Hkv, m, D]
