@@ -47,7 +47,8 @@ import torch
 
 from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.errors import ModelLoadError
-from draftgate.models.eagle import EagleHead, HeadCache, check_target
+from draftgate.models.eagle import EagleHead, HeadCache
+from draftgate.models.eagle_format import check_target
 from draftgate.models.loader import LoadedModel
 from draftgate.sampling.transforms import logits_to_probs, sample_from_probs
 

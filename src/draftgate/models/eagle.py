@@ -25,12 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftgate.models.config import ModelConfig, rope_inv_freq
-from draftgate.models.eagle_format import check_target, read_head, write_head
+from draftgate.models.eagle_format import read_head, write_head
 from draftgate.models.eagle_native import NativeHead
 from draftgate.models.native.build import NativeLib
 
-# check_target is eagle_format's; drafters.eagle imports it from here.
-__all__ = ["EagleHead", "HeadCache", "default_feature_layers", "check_target"]
+__all__ = ["EagleHead", "HeadCache", "default_feature_layers"]
 
 _MODULES = {"fuse": "fuse", "inp": "inp", "o": "o_proj", "down": "down_proj"}  # products with one weight
 
