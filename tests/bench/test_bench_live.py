@@ -15,6 +15,7 @@ from draftgate.bench import (
     run_bench,
     write_report,
 )
+from draftgate.bench.docs import markers
 from draftgate.bench.prompts import load_prompts
 from draftgate.engine import EngineConfig
 from draftgate.types import SamplingParams
@@ -144,7 +145,10 @@ def test_cli_bench_and_sweep(tiny_model_dir, prompt_file, tmp_path, capsys):
     assert (out / "report.json").is_file() and (out / "report.md").is_file()
     assert "ngram:k=2" in capsys.readouterr().out
     text = doc.read_text()
-    assert "Not measured yet: run command 1" not in text and "| ngram:k=2 | 5 | 0 |" in text
+    section = text[text.index(markers("engine")[0]) : text.index(markers("engine")[1])]
+    # The page's form: provenance (date, CPU, commit, command), then one row per arm and load.
+    assert "`draftgate bench --arms plain,ngram:k=2" in section and "outputs differ from `plain`" in section
+    assert "| c=1 | ngram:k=2 |" in section and "decode speedup" in section and "family" in section
     assert "Not measured yet: run command 3" in text
 
     sweep = tmp_path / "sweep"

@@ -6,8 +6,8 @@ The page marks each generated section with a pair of comments::
     ...replaced on every run...
     <!-- draftgate-bench:engine end -->
 
-Everything outside the markers is left alone. Headings of the report move one
-level down, and its plots are copied next to the page (``benchmarks/SECTION/``)
+Everything outside the markers is left alone. Headings of the text move one
+level down, and the plots it links are copied next to the page (``benchmarks/SECTION/``)
 so the links keep working when the output folder is gone.
 """
 
@@ -28,7 +28,7 @@ def markers(section: str) -> tuple[str, str]:
 
 
 def update_doc(doc: Path, section: str, report_md: str, plots: list[Path]) -> None:
-    """Replace the text between the section's markers with ``report_md`` (plots copied beside the doc)."""
+    """Replace the text between the section's markers with ``report_md`` (the plots it links copied beside the doc)."""
     if not re.fullmatch(r"[A-Za-z0-9_-]+", section):
         raise DraftGateError(f"doc section must be letters, digits, '-' or '_', got {section!r}")
     start, end = markers(section)
@@ -40,9 +40,9 @@ def update_doc(doc: Path, section: str, report_md: str, plots: list[Path]) -> No
     if i < 0 or j < i:
         raise DraftGateError(f"{doc} has no section {section!r}: add the two lines\n{start}\n{end}")
     img_dir = doc.parent / "benchmarks" / section
-    img_dir.mkdir(parents=True, exist_ok=True)
     body = report_md
-    for p in plots:
+    for p in [p for p in plots if f"]({p.name})" in body]:
+        img_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, img_dir / p.name)
         rel = os.path.relpath(img_dir / p.name, doc.parent).replace(os.sep, "/")
         body = body.replace(f"]({p.name})", f"]({rel})")

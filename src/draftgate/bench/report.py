@@ -35,7 +35,7 @@ from draftgate.bench.stats import (
     summarize_group,
 )
 
-__all__ = ["SCHEMA", "build_report", "write_report", "markdown", "summary_table"]
+__all__ = ["SCHEMA", "build_report", "write_report", "markdown", "summary_table", "doc_summary"]
 
 SCHEMA = "draftgate.bench/1"
 MAX_ERRORS = 10
@@ -204,4 +204,38 @@ def summary_table(report: dict[str, Any]) -> str:
             f"{_f(r['decode_speedup']['median'], '.2f')}x | "
             f"{_f(r['acceptance_rate'], '.2f')} | {_f(r['mean_accepted_length'], '.2f')} | {same} |"
         )
+    return "\n".join(lines)
+
+
+def doc_summary(report: dict[str, Any]) -> str:
+    """The page's form of a run (``--update-doc``): date, CPU, commit and command, then one row per
+    arm and load with both ratios, and each category's end-to-end speedup; the full report stays in --out."""
+    m, base = report["meta"], report["meta"]["baseline"]
+    ll = report["lossless"]
+    bad = sum(e["mismatches"] for e in ll["arms"].values())
+    check = (f"{bad} of {sum(e['compared'] for e in ll['arms'].values())} outputs differ from `{base}`"
+             if ll["checked"] else "sampling: no identity check")  # fmt: skip
+    lines = [
+        f"*{m['created'][:10]} · {m.get('cpu') or m['machine']} · commit {m.get('commit') or 'unknown'} · "
+        f"`{m['command']}`*: {m['prompts_count']} prompts ({m['prompts']}), {m['max_new_tokens']} new tokens, "
+        f"{m['runs']} runs, each starting from fresh drafter memory; {check}.",
+        "",
+        "| load | arm | tok/s | speedup (end to end) | decode speedup | acceptance | tokens a round | "
+        + " | ".join(c.replace("_", " ") for c in m["categories"]) + " |",
+        "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(m["categories"]),
+    ]
+    by = {(r["load"], r["arm"], r["category"]): r for r in report["results"]}
+    for load in m["loads"]:
+        for arm in m["arms"]:
+            r = by.get((load, arm, "all"))
+            if r is None or arm == base:
+                continue
+            cats = [by.get((load, arm, c)) for c in m["categories"]]
+            lines.append(
+                f"| {load} | {arm} | {_f(r['total_tps'])} | {_ratio(r['speedup'])} | {_ratio(r['decode_speedup'])} | "
+                f"{_f(r['acceptance_rate'], '.2f')} | {_f(r['mean_accepted_length'], '.2f')} | "
+                + " | ".join(f"{_f(c['speedup']['median'], '.2f')}x" if c else "–" for c in cats) + " |"
+            )
+    plain = [f"{load} {_f(by[(load, base, 'all')]['total_tps'])}" for load in m["loads"] if (load, base, "all") in by]
+    lines += ["", f"`{base}` tok/s: {', '.join(plain)}. Speedups: median [min–max] over runs."]
     return "\n".join(lines)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +31,7 @@ from draftgate.bench import (
 )
 from draftgate.bench.arms import Arm, ArmSpec
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path
-from draftgate.bench.report import summary_table
+from draftgate.bench.report import doc_summary, summary_table
 from draftgate.bench.runner import BenchResult
 from draftgate.bench.sweep import format_recommendations
 from draftgate.cli.common import add_engine_args, add_sampling_args, engine_config
@@ -214,13 +216,52 @@ def _run_with_progress(
             arm.close()
 
 
-def _meta(ecfg: EngineConfig, path: Path, n_prompts: int) -> dict[str, Any]:
+def _meta(ecfg: EngineConfig, path: Path, n_prompts: int, argv: list[str]) -> dict[str, Any]:
     return {
         "model": ecfg.model, "device": ecfg.device, "dtype": ecfg.dtype, "threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": f"{platform.machine()} {platform.processor()}".strip(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "prompts": str(path), "prompts_count": n_prompts, "command": "draftgate " + " ".join(sys.argv[1:]),
+        "prompts": _shown_path(path), "prompts_count": n_prompts, "command": "draftgate " + " ".join(argv),
+        "cpu": _cpu(), "commit": _commit(),
     }  # fmt: skip
+
+
+def _shown_path(path: Path) -> str:
+    """The prompt file as a reader can find it: relative to the working folder, the package's own by name."""
+    if path.resolve() == Path(builtin_prompts_path()).resolve():
+        return "built-in: draftgate/data/prompts.jsonl"
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _cpu() -> str:
+    """The CPU model, family and model numbers, and the kernel level used (benchmarks depend on all)."""
+    from draftgate.models.native.build import cpu_level
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = info.get("model name", platform.machine())
+    return f"{name} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {cpu_level()}), {os.cpu_count()} CPUs"
+
+
+def _commit() -> str | None:
+    """The checkout's commit (``+changes`` when tracked files differ from it); None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if dirty else "")
 
 
 def _update_doc(a: argparse.Namespace, markdown: str) -> None:
@@ -247,7 +288,7 @@ def _execute(
     loaded = load_model(ecfg.model, dtype=getattr(torch, ecfg.dtype), cache_dir=ecfg.cache_dir)
     result = _run_with_progress(build_arms(specs, ecfg, loaded), prompts, cfg)
 
-    report = build_report(result, cfg, _meta(ecfg, path, len(prompts)))
+    report = build_report(result, cfg, _meta(ecfg, path, len(prompts), a.argv))
     files = write_report(report, result, a.out, plots=not a.no_plots)
     print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr)
 
@@ -265,7 +306,7 @@ def _execute(
 
 def run_bench_cmd(a: argparse.Namespace) -> int:
     report, failures = _execute(a, parse_arms(a.arms), a.baseline)
-    _update_doc(a, (a.out / "report.md").read_text())
+    _update_doc(a, doc_summary(report))
     print(summary_table(report))
     print(f"\nfull report: {a.out / 'report.md'}")
     return 1 if failures else 0
@@ -279,8 +320,7 @@ def run_sweep_cmd(a: argparse.Namespace) -> int:
         json.dumps({"min_speedup": a.min_speedup, "recommendations": recs}, indent=2) + "\n"
     )
     table = format_recommendations(recs)
-    md = (a.out / "report.md").read_text()
-    _update_doc(a, f"# Recommended configuration per category\n\n{table}\n\n{md}")
+    _update_doc(a, f"{doc_summary(report)}\n\nRecommended configuration per category:\n\n{table}")
     print(table)
     routes = {r["category"]: {"enabled": r["enable"], "drafter": r["drafter"], "k": r["k"]}
               for r in recs if r["load"] == report["meta"]["loads"][0]}  # fmt: skip

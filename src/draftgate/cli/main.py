@@ -41,7 +41,9 @@ def _optional_commands() -> list:  # type: ignore[type-arg]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = parser.parse_args(argv)
+    a.argv = argv  # the command as given (reports record it)
     if not getattr(a, "func", None):
         parser.print_help()
         return 2
