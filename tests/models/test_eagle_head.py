@@ -6,20 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from eagle_support import tiny_head
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.eagle import EagleHead, default_feature_layers
 from draftgate.models.eagle_format import target_fingerprint
 from draftgate.models.loader import LoadedModel
-
-
-def _head(tiny_model: LoadedModel, seed: int = 0) -> EagleHead:
-    torch.manual_seed(seed)
-    cfg = tiny_model.config
-    head = EagleHead(cfg, default_feature_layers(cfg.num_layers), torch.arange(0, cfg.vocab_size, 2))
-    head.attach_target(tiny_model.weights)
-    head.init_weights(tiny_model.weights)
-    return head.eval()
 
 
 def test_default_feature_layers_are_low_mid_high() -> None:
@@ -29,7 +21,7 @@ def test_default_feature_layers_are_low_mid_high() -> None:
 
 def test_incremental_drafting_matches_the_training_rollout(tiny_model: LoadedModel) -> None:
     """Step j of the rollout at anchor t = absorbing the true entries up to t, then j - 1 chain steps."""
-    head = _head(tiny_model)
+    head = tiny_head(tiny_model)
     T, S, C = 12, 3, tiny_model.config.hidden_size
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(1, T, len(head.feature_layers), C, generator=g)  # [1, T, nF, C]
@@ -54,7 +46,7 @@ def test_a_head_saves_loads_and_refuses_another_target(
 ) -> None:
     from draftgate.models.loader import load_model
 
-    head = _head(tiny_model)
+    head = tiny_head(tiny_model)
     meta = {"target": target_fingerprint(tiny_model.config, tiny_model.weights)}
     head.save(tmp_path / "h", meta)
     back = EagleHead.load(tmp_path / "h", tiny_model.config, tiny_model.weights)

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from eagle_support import tiny_head
 
-from draftgate.models.eagle import EagleHead, default_feature_layers
 from draftgate.models.loader import LoadedModel
 from draftgate.models.native import load_library
 from draftgate.paths import default_cache_dir
 
 
-def _head(tiny_model: LoadedModel, seed: int = 0) -> EagleHead:
-    torch.manual_seed(seed)
-    cfg = tiny_model.config
-    head = EagleHead(cfg, default_feature_layers(cfg.num_layers), torch.arange(0, cfg.vocab_size, 2))
-    head.attach_target(tiny_model.weights)
-    head.init_weights(tiny_model.weights)
-    return head.eval()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dtype: torch.dtype) -> None:
     """Drafting on the native pool: float32 storage gives torch's values, bfloat16 storage their rounding."""
-    ref, nat = _head(tiny_model), _head(tiny_model).use_native(load_library(default_cache_dir()), dtype)
+    ref, nat = tiny_head(tiny_model), tiny_head(tiny_model).use_native(load_library(default_cache_dir()), dtype)
     T, C = 9, tiny_model.config.hidden_size
     g = torch.Generator().manual_seed(2)
     feats = torch.randn(T, len(ref.feature_layers), C, generator=g)  # [T, nF, C]
@@ -52,8 +43,8 @@ def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dt
 def test_a_batch_of_sequences_steps_as_each_one_alone(tiny_model: LoadedModel) -> None:
     """step_many over sequences of different lengths: the native products run once over all their
     rows, and each sequence gets bitwise what its own step gives (torch's ops: to rounding)."""
-    nat = _head(tiny_model).use_native(load_library(default_cache_dir()), torch.float32)  # torch's values
-    ref = _head(tiny_model)
+    nat = tiny_head(tiny_model).use_native(load_library(default_cache_dir()), torch.float32)  # torch's values
+    ref = tiny_head(tiny_model)
     C, nF, V = tiny_model.config.hidden_size, len(nat.feature_layers), tiny_model.config.vocab_size
     g = torch.Generator().manual_seed(3)
     lens = [5, 1, 12]
