@@ -75,7 +75,7 @@ def check_prompt(prompt_ids: Sequence[int], max_new_tokens: int, vocab_size: int
         raise BadRequestError("the prompt is empty")
     V = vocab_size
     if V is not None and any(not isinstance(t, int) or not 0 <= t < V for t in prompt_ids):
-        raise BadRequestError(f"prompt token ids must be integers in [0, {V})")
+        raise BadRequestError(f"prompt token ids must be in [0, {V})")
     if max_context is not None and len(prompt_ids) + max_new_tokens > max_context:
         raise BadRequestError(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new_tokens}) exceeds the model's context "
