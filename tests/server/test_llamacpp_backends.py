@@ -27,7 +27,7 @@ from draftgate.models.loader import LoadedModel, resolve_model_path
 from draftgate.server import AuthConfig, Route, RouteTable, create_app
 from draftgate.server.targets import DrafterSpec, RemoteDrafterKind, TargetKind, TargetSpec
 from draftgate.server.targets.build import build_backend
-from draftgate.server.targets.openai_target import OpenAITargetEngine
+from draftgate.server.targets.openai_engine import OpenAITargetEngine
 from draftgate.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)

@@ -20,7 +20,8 @@ import pytest
 from draftgate.drafters import NgramDrafter
 from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.models.loader import LoadedModel
-from draftgate.server.targets.openai_target import OpenAITargetEngine, TokenPieces
+from draftgate.server.targets.openai_engine import OpenAITargetEngine
+from draftgate.server.targets.openai_target import TokenPieces
 from draftgate.types import SamplingParams
 
 

@@ -62,7 +62,7 @@ def build_backend(
             draft_timeout_s=drafter.timeout_s if drafter.remote else None,
         )  # fmt: skip
     if target.kind is TargetKind.OPENAI:
-        from draftgate.server.targets.openai_target import OpenAITargetEngine
+        from draftgate.server.targets.openai_engine import OpenAITargetEngine
 
         return OpenAITargetEngine(
             target.addresses[0],

@@ -1,6 +1,6 @@
 """OpenAITarget: the round target on an OpenAI-compatible completion server we do not own.
 
-The request loop is the engine's (``OpenAITargetEngine`` = ``Engine`` over this target, any
+The request loop is the engine's (``openai_engine.OpenAITargetEngine`` = ``Engine`` over this target, any
 local drafter: n-gram, suffix, auto...); each round verifies a sequence's drafts with ONE
 request to the server:
 
@@ -55,19 +55,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import httpx
 import torch
 
-from draftgate.drafters.base import Drafter
-from draftgate.engine import Engine, ScoredTarget, TargetInfo, check_prompt
-from draftgate.engine.frontend import Sink
+from draftgate.engine import TargetInfo, check_prompt
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 
-__all__ = ["OpenAIScorer", "OpenAITargetEngine", "TokenPieces", "VerifyError"]
+__all__ = ["OpenAIScorer", "TokenPieces", "VerifyError"]
 
 log = logging.getLogger("draftgate.openai_target")
 APPROX_TOP_N = 10
@@ -304,38 +302,3 @@ class OpenAIScorer:
                 return out  # the round ends before this position (the scorer verifies what precedes it)
             out.append(dist)
         return out
-
-
-class OpenAITargetEngine(Engine):
-    """The engine over an OpenAI-compatible server: ``Engine(ScoredTarget(OpenAIScorer(...)))``."""
-
-    def __init__(
-        self,
-        url: str,
-        tokenizer: TextTokenizer,
-        drafter: Drafter | None,
-        k: int | None = None,
-        k_max: int = 8,
-        max_queue: int = 256,
-        allow_approximate: bool = False,
-        timeout_s: float = 60.0,
-        max_concurrent: int = 4,
-        model_name: str | None = None,
-        client: httpx.Client | None = None,
-    ) -> None:
-        self.server = OpenAIScorer(url, tokenizer, allow_approximate, timeout_s, model_name, client)
-        super().__init__(ScoredTarget(self.server, max_concurrent), drafter, k=k, k_max=k_max,
-                         max_batch=max_concurrent, max_queue=max_queue)  # fmt: skip
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
-        cancel = super().submit(prompt_ids, params, sink, speculate)
-        self.start()  # the loop starts on the first request (the gateway starts it anyway)
-        return cancel
-
-    def check_params(self, params: SamplingParams) -> None:
-        """Raise BadRequestError if the route would refuse these params (sampling without approximation)."""
-        self.server.check([0], params, self.k_max)
-
-    @property
-    def rounds(self) -> int:
-        return self.server.rounds
