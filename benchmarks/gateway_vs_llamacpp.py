@@ -137,7 +137,7 @@ def run_engine(engine: Any, ids: list[int], params: SamplingParams) -> dict[str,
 
 
 def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
-    from draftgate.server.targets.openai_target import OpenAITargetEngine
+    from draftgate.server.targets.openai_engine import OpenAITargetEngine
 
     gguf = str(resolve_model_path(a.model))
     loaded = load_model(a.model)
