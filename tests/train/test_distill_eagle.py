@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -197,10 +199,17 @@ def test_a_time_budget_lays_the_schedule_over_the_steps_that_fit_and_a_resume_ke
 ) -> None:
     import draftgate.train.eagle as mod
     import draftgate.train.eagle_objective as objective_mod
+    import draftgate.train.states as states_mod
 
     # Steps priced at 0.5 s and 1 s (the tiny model's real ones take milliseconds): a 20-second budget fits
     # about 30 of --steps 200, and the run, far faster than priced, ends on its plan, not on the deadline.
     monkeypatch.setattr(mod, "step_seconds", lambda *a, **kw: (0.5, 1.0))
+    # A clock that advances 1 ms a reading: the plan depends on the priced steps only, not on how long
+    # data generation took on a loaded machine (the real clock made the plan, and this test, vary).
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(perf_counter=lambda: 1000.0 + 0.001 * next(ticks))
+    monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(states_mod, "time", clock)
     rollouts: list[int] = []
     real_loss = objective_mod.rollout_loss
 
