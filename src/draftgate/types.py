@@ -76,6 +76,8 @@ class SpecStats:
     verify_time_s: float = 0.0
     approximate: bool = False  # some round was verified by an approximation (openai+http sampling)
     sampled_rounds: int = 0  # rounds whose drafts came with a sampled q (verified by rejection sampling)
+    target_decoded: bool = False  # sampled by the target server's own decoding, nothing drafted (vllm+http rounds)
+    fallback_rounds: int = 0  # rounds whose drafts the target could not score: decoded plainly instead
 
     @property
     def acceptance_rate(self) -> float:
@@ -108,6 +110,8 @@ class SpecStats:
         self.verify_time_s += other.verify_time_s
         self.approximate |= other.approximate
         self.sampled_rounds += other.sampled_rounds
+        self.target_decoded |= other.target_decoded
+        self.fallback_rounds += other.fallback_rounds
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -90,7 +90,7 @@ class AutoDrafter:
         for r, b in zip(requests, self._ngram.propose(requests), strict=True):
             a = self._suffix.match(r.seq_id, r.tokens, r.k)
             weak = a.from_global and a.depth < self._min_global_match
-            draft = Draft(a.token_ids) if len(a.token_ids) >= len(b.token_ids) else b
+            draft = Draft(a.token_ids, context=a.depth) if len(a.token_ids) >= len(b.token_ids) else b
             out.append((draft, max(len(b.token_ids), 0 if weak else len(a.token_ids))))
         return out
 

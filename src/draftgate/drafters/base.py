@@ -60,6 +60,9 @@ class Draft:
     # attention mask) and keeps the path its own choices follow; one that cannot verifies the chain.
     # Every path is matched against the target's choices, so the output is the same either way.
     tree: tuple[tuple[int, int], ...] = ()
+    # Evidence for a lookup draft: tokens of the history's end that matched where it was copied
+    # from (0: not a lookup, or unknown). A target whose rounds are dear prices drafts by it.
+    context: int = 0
 
 
 class FeatureReader(Protocol):

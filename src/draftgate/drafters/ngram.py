@@ -74,7 +74,8 @@ class NgramDrafter:
         drafts: list[Draft] = []
         for req in requests:
             index = self._sync(req.seq_id, req.tokens)
-            drafts.append(Draft(token_ids=self._lookup(index, req.k) if req.k > 0 else []))
+            toks, n = self._lookup(index, req.k) if req.k > 0 else ([], 0)
+            drafts.append(Draft(token_ids=toks, context=n))
         return drafts
 
     def observe(
@@ -110,7 +111,8 @@ class NgramDrafter:
                 last_end[tuple(hist[end - n : end])] = end
         return index
 
-    def _lookup(self, index: _SeqIndex, k: int) -> list[int]:
+    def _lookup(self, index: _SeqIndex, k: int) -> tuple[list[int], int]:
+        """(up to k copied tokens, the length of the n-gram that matched); ([], 0) when none does."""
         hist = index.tokens
         size = len(hist)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
@@ -121,5 +123,5 @@ class NgramDrafter:
             for i in range(k):
                 src = pos + i
                 draft.append(hist[src] if src < size else draft[src - size])
-            return draft
-        return []
+            return draft, n
+        return [], 0

@@ -267,7 +267,11 @@ class SuffixDrafter:
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One draft per request: up to k tokens, [] when no context matches or k == 0."""
-        return [Draft(token_ids=self._propose_one(r.seq_id, r.tokens, r.k)) for r in requests]
+        out = []
+        for r in requests:
+            m = self.match(r.seq_id, r.tokens, r.k)
+            out.append(Draft(token_ids=m.token_ids, context=m.depth if m.token_ids else 0))
+        return out
 
     def observe(
         self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
@@ -300,9 +304,6 @@ class SuffixDrafter:
             if score > best.score:
                 best = SuffixMatch(toks, True, cursor[2], score)
         return best
-
-    def _propose_one(self, seq_id: int, tokens: Sequence[int], k: int) -> list[int]:
-        return self.match(seq_id, tokens, k).token_ids
 
     def _sync(self, seq_id: int, tokens: Sequence[int]) -> _Request:
         """Bring the request's trie up to ``tokens``, rebuilding if it was truncated."""

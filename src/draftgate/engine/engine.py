@@ -233,6 +233,7 @@ class Engine(Frontend):
             self._release_draft(r)
             self._deliver(r, Chunk([], "", "error", error=done.error, stats=r.seq.stats))
             return
+        r.seq.stats.target_decoded |= done.target_decoded
         if done.approximate:
             r.seq.stats.approximate = True
             self.approximate_requests += 1
@@ -266,6 +267,8 @@ class Engine(Frontend):
             return  # the request ends with the target's error
         st.record_round(rnd.drafted, rnd.accepted, len(rnd.emitted))
         st.approximate |= rnd.approximate
+        st.target_decoded |= rnd.target_decoded
+        st.fallback_rounds += rnd.fallback
         st.sampled_rounds += rnd.sampled
         st.draft_time_s += res.draft_s  # each request waits the whole round
         st.verify_time_s += res.forward_s

@@ -43,6 +43,8 @@ class SeqRound:
     error: str | None = None  # the target's error (the request ends), else None
     approximate: bool = False  # verified by an approximation the route allowed
     branch_rows: int = 0  # forward rows the target ran for its draft tree's nodes (Draft.tree)
+    fallback: bool = False  # the target could not score its drafts: it decoded plainly instead
+    target_decoded: bool = False  # sampled by the target's own decoding
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,9 @@ def speculative_step(
     # 3. Emit, cut where plain decoding stops.
     rounds = [
         SeqRound(
-            len(d.token_ids), r.accepted, s.append(r.emitted) if r.error is None else [], f,
+            0 if r.declined else len(d.token_ids), r.accepted, s.append(r.emitted) if r.error is None else [], f,
             bool(d.token_ids) and d.q is not None and not s.params.greedy, r.error, r.approximate, r.branch_rows,
+            r.fallback, r.target_decoded,
         )  # fmt: skip
         for s, d, f, r in zip(seqs, drafts, failed, done, strict=True)
     ]
@@ -92,7 +95,7 @@ def round_work(s: SequenceState, d: Draft) -> RoundWork:
     """What the target gets of a sequence this round (the uniforms of its next k+1 output positions)."""
     k = len(d.token_ids)
     u = None if s.params.greedy else s.rand.get(len(s.output), k + 1)  # [k+1, 2]
-    return RoundWork(s.seq_id, s.history, s.params, d, u)
+    return RoundWork(s.seq_id, s.history, s.params, d, u, s.params.max_new_tokens - len(s.output))
 
 
 def _draft(

@@ -56,6 +56,7 @@ class RoundWork:
     params: SamplingParams
     draft: Draft  # k >= 0 draft tokens, with q for sampled drafts
     uniforms: Tensor | None  # [k+1, 2] (u_accept, u_sample) for the next k+1 output positions; None: greedy
+    remaining: int | None = None  # output tokens the request may still emit (None: not said)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class RoundDone:
     error: str | None = None  # this sequence's target failed; the request ends with this error
     approximate: bool = False  # verified by an approximation (a route that allowed it)
     branch_rows: int = 0  # forward rows the target ran for the draft's tree nodes (0: none, or skipped)
+    fallback: bool = False  # scoring the drafts failed: the target's plain next token was emitted instead
+    target_decoded: bool = False  # sampled by the target's own decoding (not verified here: exact by construction)
+    declined: bool = False  # the target did not score the drafts (not worth its round's price): a plain round
 
 
 def check_prompt(prompt_ids: Sequence[int], max_new_tokens: int, vocab_size: int | None, max_context: int | None) -> None:

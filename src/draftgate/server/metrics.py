@@ -86,6 +86,18 @@ class ServerMetrics:
             ROUTE,
             registry=reg,
         )
+        self.fallback_rounds = Counter(
+            P + "spec_decode_fallback_rounds",
+            "Rounds whose drafts the target could not score (an error, a garbage row, a timeout): decoded plainly.",
+            ROUTE,
+            registry=reg,
+        )
+        self.target_decoded_requests = Counter(
+            P + "spec_decode_target_decoded_requests",
+            "Sampled requests that ran entirely on the target server's own decoding (vllm+http rounds).",
+            ROUTE,
+            registry=reg,
+        )
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens.", ROUTE, registry=reg)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens.", ROUTE, registry=reg)
         self.ttft = Histogram(
@@ -114,7 +126,7 @@ class ServerMetrics:
         reg.register(_RouteGauges(routes))
         for r in routes:  # every route's series exist (at 0) from the start
             for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
-                      self.approximate_requests):  # fmt: skip
+                      self.approximate_requests, self.fallback_rounds, self.target_decoded_requests):  # fmt: skip
                 c.labels(r.name)
             self.generation_tokens.labels(r.name)
 
@@ -169,6 +181,9 @@ class RequestTrace:
             return
         if stats.approximate:
             m.approximate_requests.labels(r).inc()
+        if stats.target_decoded:
+            m.target_decoded_requests.labels(r).inc()
+        m.fallback_rounds.labels(r).inc(stats.fallback_rounds)
         m.num_drafts.labels(r).inc(stats.rounds)
         m.num_draft_tokens.labels(r).inc(stats.draft_tokens)
         m.num_accepted_tokens.labels(r).inc(stats.accepted_tokens)

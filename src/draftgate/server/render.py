@@ -2,9 +2,12 @@
 
 Our extension on every full response and on the final stream chunk:
 ``speculative`` = {drafter, draft_tokens, accepted_tokens, acceptance_rate,
-mean_accepted_length, approximate} for that request (mean accepted length counts the bonus or
-recovered token, so plain decoding reports 1.0; ``approximate`` is true when the route
-verified this request by an approximation it allows: sampling on an openai+http target).
+mean_accepted_length, approximate, target_decoded, fallback_rounds} for that request (mean
+accepted length counts the bonus or recovered token, so plain decoding reports 1.0;
+``approximate`` is true when the route verified this request by an approximation it allows:
+sampling on an openai+http target; ``target_decoded`` is true when a sampled request ran
+entirely on the target server's own decoding: a vllm+http round route; ``fallback_rounds``
+counts rounds whose drafts the target could not score, decoded plainly instead).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def speculative_json(stats: SpecStats | None, drafter: str) -> dict[str, Any]:
         "acceptance_rate": round(s.acceptance_rate, 4),
         "mean_accepted_length": round(s.mean_accepted_length, 4),
         "approximate": s.approximate,
+        "target_decoded": s.target_decoded,
+        "fallback_rounds": s.fallback_rounds,
     }
 
 

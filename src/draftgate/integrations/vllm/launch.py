@@ -72,6 +72,7 @@ class VllmLaunch:
     max_model_len: int = 2048
     kv_cache_gib: int = 1
     log: Path | None = None  # where its output goes (None: discarded)
+    scale_out: bool = False  # --enable-scale-out: the token-in/token-out route the gateway's rounds score through
 
     def command(self, port: int) -> list[str]:
         cmd = [
@@ -81,6 +82,8 @@ class VllmLaunch:
             "--dtype", "float32", "--max-model-len", str(self.max_model_len),
             "--enable-prefix-caching", "--enforce-eager", "--seed", "0", "--block-size", "32",
         ]  # fmt: skip
+        if self.scale_out:
+            cmd.append("--enable-scale-out")
         if self.speculative is not None:
             cmd += ["--speculative-config", json.dumps(dict(self.speculative))]
         return cmd

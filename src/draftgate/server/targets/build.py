@@ -74,8 +74,19 @@ def build_backend(
             allow_approximate=allow_approximate,
         )
     if target.kind is TargetKind.VLLM:
+        import httpx
+
+        from draftgate.server.targets.vllm_checks import connect
+        from draftgate.server.targets.vllm_engine import VllmTargetEngine
         from draftgate.server.targets.vllm_plugin import VllmPluginBackend
 
+        url = target.addresses[0]
+        client = httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0))
+        facts = connect(url, client, loaded.tokenizer)
+        if facts.token_route and not facts.proposer:  # the gateway drafts and verifies, vLLM scores
+            return VllmTargetEngine(url, facts, client, loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max,
+                                    max_queue=cfg.max_queue)  # fmt: skip
+        client.close()
         return VllmPluginBackend(
             target.addresses[0], loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max,
             max_queue=cfg.max_queue,

@@ -36,8 +36,9 @@ import httpx
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker, check_prompt
 from draftgate.engine.frontend import Frontend, Sink
-from draftgate.errors import CapacityError, DraftGateError
+from draftgate.errors import CapacityError
 from draftgate.models.tokenizer import TextTokenizer
+from draftgate.server.targets.vllm_checks import VllmTargetError, connect
 from draftgate.types import SamplingParams, SpecStats
 
 __all__ = ["VllmPluginBackend", "VllmTargetError", "PROPOSER_DRAFTERS"]
@@ -50,17 +51,6 @@ PROPOSER_DRAFTERS = (
     "ngram",
     "remote",
 )  # what DraftGate's proposer in vLLM drafts with
-SPEC_METRIC = "vllm:spec_decode_num_draft_tokens_total"
-PROBE = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Grüße, 世界! def f(x): return x**2"},
-]
-
-
-class VllmTargetError(DraftGateError, RuntimeError):
-    """The vLLM server cannot serve this route (unreachable, wrong model or tokenizer)."""
-
-
 class VllmPluginBackend(Frontend):
     """The ``Backend`` of a ``vllm+http://`` route: requests stream from vLLM, speculation switched per request."""
 
@@ -96,48 +86,17 @@ class VllmPluginBackend(Frontend):
 
     # ---------------------------------------------------------------- start-up checks
 
-    def _get(self, path: str) -> httpx.Response:
-        try:
-            r = self._client.get(self.url + path, timeout=10.0)
-        except httpx.HTTPError as e:
-            raise VllmTargetError(
-                f"no vLLM answers at {self.url} ({e}); start it or fix --target"
-            ) from None
-        if r.status_code != 200:
-            raise VllmTargetError(
-                f"{self.url}{path} answered HTTP {r.status_code}: is this a vLLM server?"
-            )
-        return r
-
     def _connect(self) -> tuple[str, int | None, bool]:
-        self._get("/health")
-        models = self._get("/v1/models").json().get("data") or []
-        if len(models) != 1:
-            raise VllmTargetError(
-                f"vLLM at {self.url} serves {len(models)} models; a route needs a server with one"
-            )
-        name, max_len = str(models[0]["id"]), models[0].get("max_model_len")
-        ours = self.tokenizer.encode_chat(PROBE)
-        text = self.tokenizer.decode(ours, skip_special=False)
-        r = self._client.post(
-            self.url + "/tokenize",
-            json={"model": name, "prompt": text, "add_special_tokens": False},
-        )
-        theirs = r.json().get("tokens") if r.status_code == 200 else None
-        if theirs != ours:
-            raise VllmTargetError(
-                f"vLLM at {self.url} ({name}) tokenizes differently from the route's model: the route must name "
-                "the model vLLM serves (the same tokenizer)"
-            )
-        spec = SPEC_METRIC in self._get("/metrics").text
-        if not spec and self._drafter is not None:
+        facts = connect(self.url, self._client, self.tokenizer)
+        if not facts.proposer and self._drafter is not None:
             log.warning(
                 "vLLM at %s runs without speculative decoding: requests are served, nothing is drafted. Start it with "
                 "--speculative-config '{\"method\": \"custom_class\", \"model\": \"draftgate.integrations.vllm.Proposer\", "
-                "\"num_speculative_tokens\": 8}' (pip install 'draftgate[vllm]' in vLLM's environment)",
+                "\"num_speculative_tokens\": 8}' (pip install 'draftgate[vllm]' in vLLM's environment), or with "
+                "--enable-scale-out for the gateway's own rounds",
                 self.url,
             )  # fmt: skip
-        return name, int(max_len) if max_len else None, spec
+        return facts.model, facts.max_context, facts.proposer
 
     # ---------------------------------------------------------------- the Backend shape
 

@@ -1,0 +1,303 @@
+"""VllmRoundTarget: the gateway drafts and verifies, a vLLM server scores (``vllm+http://`` rounds).
+
+The round target (``engine.target.RoundTarget``) of a route whose target is a vLLM server
+started with ``--enable-scale-out``; the request loop and the drafter are the engine's. Every
+sequence keeps **a plain stream** open on vLLM: its own decoding from the sequence's history,
+read by a thread of its own (``vllm_wire.VllmStream``). A round without drafts (and a request's
+first token) takes the stream's next token, so plain stretches run at vLLM's own decode speed,
+never one request per token (the hand-off).
+
+A round with drafts is **scored while the stream goes on**: one request over history + drafts
+(``VllmWire.score``, the prefix cache read); each row's argmax (``vllm_wire.read_row``: only
+computed, well-formed rows) and vLLM's choice after the last draft become logits (0 at the
+argmax, -inf elsewhere) that ``verify.verify_round`` verifies: token for token vLLM's greedy
+choice. The round then emits whichever went further, the verified tokens or the stream's (the
+stream's where they differ: vLLM's own decoding is the reference). A round that got ahead of the
+stream keeps it when the stream will catch up sooner than a new one would start (the tokens it
+then sends are checked against those emitted), else opens a new one past the round's end (the
+way back). A failed round costs the stream's progress, not a wrong token.
+
+Which drafts are worth a round is priced here, by measured costs (``vllm_pricing.RoundPricer``):
+the engine asks the drafter for every draft it has (fixed K), and a draft whose evidence
+(``Draft.context``) has not paid on this server decodes plainly (``declined``).
+
+Rows vLLM did not compute (a prefix it had cached past this context's end) are read from the
+stream where it got there; a context another request carried past its end (a repeated prompt)
+stops scoring for that sequence after twice. A scoring request that fails (an HTTP error, a
+timeout) emits the stream's tokens and counts as a ``fallback`` round; a stream that fails ends
+the request with a clear error.
+
+Sampled requests run entirely on vLLM's own decoding (``VllmTargetEngine`` never drafts for
+them): the output is vLLM's sampling, seeded by the request's seed, and the request's stats say
+``target_decoded``. Exact by construction; no approximation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+import torch
+
+from draftgate.engine.target import RoundDone, RoundWork, TargetInfo, check_prompt
+from draftgate.models.tokenizer import TextTokenizer
+from draftgate.server.targets.vllm_pricing import RoundPricer
+from draftgate.server.targets.vllm_wire import (
+    GarbageRow,
+    RowError,
+    Scored,
+    VllmStream,
+    VllmWire,
+    WireError,
+    read_row,
+    top1,
+)
+from draftgate.types import SamplingParams
+from draftgate.verify import RoundDraft, verify_round
+
+__all__ = ["VllmRoundTarget"]
+
+log = logging.getLogger("draftgate.vllm_rounds")
+
+
+@dataclass
+class _Seq:
+    """What one sequence holds on the server."""
+
+    stream: VllmStream | None = None  # vLLM's own decoding, following history[: stream.base + taken]
+    taken: int = 0  # the stream's tokens emitted so far (a round may emit past what it has sent yet)
+    checked: int = 0  # of those, the ones the stream has sent and that matched
+    quiet_since: float = 0.0  # no scoring round of this sequence ran since (its gaps price a plain token)
+    cached_past: int = 0  # rounds that found its context cached past its end by another request
+
+
+class VllmRoundTarget:
+    def __init__(
+        self,
+        wire: VllmWire,
+        tokenizer: TextTokenizer,
+        max_context: int | None,
+        max_concurrent: int = 16,
+        token_timeout_s: float = 30.0,
+    ) -> None:
+        self.wire = wire
+        self.tokenizer = tokenizer
+        self.info = TargetInfo("vllm", tokenizer.vocab_size, max_context, exact_sampling=True)
+        self.pricer = RoundPricer()
+        self.token_timeout_s = token_timeout_s
+        self.scored = 0  # drafts scored on vLLM
+        self.declined = 0  # drafts not worth a round (decoded plainly)
+        self.fallbacks = 0  # scoring rounds that failed: the stream's tokens were emitted instead
+        self.disagreements = 0  # a row's argmax differed from vLLM's own decoding: the stream's token kept
+        self.uncomputed = 0  # rounds with rows vLLM had cached (their tokens taken from the stream)
+        self.cached_past = 0  # rounds that found their context cached past its end by another request
+        self._seqs: dict[int, _Seq] = {}
+        self._lock = threading.Lock()
+        self._max_concurrent = max_concurrent
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    # ---------------------------------------------------------------- RoundTarget
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
+        check_prompt(prompt_ids, params.max_new_tokens, self.info.vocab_size, self.info.max_context)
+
+    def open(self, work: RoundWork, k_max: int) -> RoundDone:
+        return self._round(work)  # the first token is the plain stream's first token
+
+    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+        if len(work) <= 1:
+            return [self._round(w) for w in work]
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-vllm")
+        return list(self._pool.map(self._round, work))
+
+    def close(self, seq_id: int) -> None:
+        with self._lock:
+            s = self._seqs.pop(seq_id, None)
+        if s is not None:
+            self._drop(s)
+
+    def kv_stats(self) -> dict[str, int]:
+        return {}  # vLLM's KV cache: see its /metrics
+
+    def shutdown(self) -> None:
+        with self._lock:
+            seqs, self._seqs = list(self._seqs.values()), {}
+            pool, self._pool = self._pool, None
+        for s in seqs:
+            self._drop(s)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def counters(self) -> dict[str, int]:
+        return {"scored": self.scored, "declined": self.declined, "fallbacks": self.fallbacks,
+                "disagreements": self.disagreements, "uncomputed": self.uncomputed,
+                "cached_past": self.cached_past}  # fmt: skip
+
+    # ---------------------------------------------------------------- rounds
+
+    def _round(self, w: RoundWork) -> RoundDone:
+        with self._lock:
+            s = self._seqs.setdefault(w.seq_id, _Seq())
+        drafts = list(w.draft.token_ids)
+        if self.info.max_context is not None:  # history + drafts must fit vLLM's context
+            drafts = drafts[: max(0, self.info.max_context - len(w.history))]
+        try:
+            if drafts and w.params.greedy and s.cached_past < 2:
+                if self.pricer.worth(w.draft.context):
+                    self.scored += 1
+                    return self._scored(s, w, drafts)
+                self.declined += 1
+            return self._plain(s, w, declined=bool(drafts))
+        except (WireError, httpx.HTTPError, ValueError, KeyError) as e:
+            self._drop(s)
+            return RoundDone([], 0, error=f"vLLM at {self.wire.url} failed mid-request: {type(e).__name__}: {e}")
+
+    def _stream(self, s: _Seq, w: RoundWork) -> VllmStream:
+        """The sequence's stream, following w.history (a new one if it does not)."""
+        st = s.stream
+        if st is not None and st.base + s.taken == len(w.history) and self._agrees(s, w, st.snapshot()):
+            return st
+        self._drop(s)
+        left = w.remaining if w.remaining is not None else 1 << 20
+        s.stream = self.wire.stream(w.history, w.params, max(1, left), None)
+        return s.stream
+
+    def _agrees(self, s: _Seq, w: RoundWork, toks: list[int]) -> bool:
+        """Whether the stream's tokens that a round emitted before it sent them are the ones emitted."""
+        assert s.stream is not None
+        got = toks[s.checked : s.taken]
+        base = s.stream.base + s.checked
+        if list(w.history[base : base + len(got)]) != got:
+            self.disagreements += 1  # vLLM's decoding chose otherwise than its scored row: the history stands
+            return False
+        s.checked += len(got)
+        return True
+
+    def _drop(self, s: _Seq) -> None:
+        if s.stream is not None:
+            s.stream.close()
+        s.stream, s.taken, s.checked = None, 0, 0
+
+    def _next(self, s: _Seq, w: RoundWork) -> list[int]:
+        """The stream's tokens past what was emitted: at least one (waits for it)."""
+        st = self._stream(s, w)
+        toks = st.wait(s.taken + 1, self.token_timeout_s)
+        if len(toks) <= s.taken or not self._agrees(s, w, toks):  # it ended (max_tokens), or went elsewhere
+            self._drop(s)
+            st = self._stream(s, w)
+            toks = st.wait(1, self.token_timeout_s)
+            if not toks:
+                raise WireError("vLLM's stream ended without a token")
+        i = s.taken
+        if i == 0:
+            self.pricer.observe_open(st.arrivals[0] - st.started)
+        elif st.arrivals[i - 1] >= s.quiet_since:
+            self.pricer.observe_gap(st.arrivals[i] - st.arrivals[i - 1])
+        return toks[s.taken :]
+
+    def _plain(self, s: _Seq, w: RoundWork, declined: bool = False) -> RoundDone:
+        """The next token of vLLM's own decoding (greedy, or the request's seeded sampling)."""
+        tok = self._next(s, w)[0]
+        s.taken += 1
+        s.checked = s.taken
+        return RoundDone([tok], 0, target_decoded=not w.params.greedy, declined=declined)
+
+    def _scored(self, s: _Seq, w: RoundWork, drafts: list[int]) -> RoundDone:
+        """Score the drafts on vLLM while its stream goes on; keep whichever is further, never a wrong token."""
+        t0 = time.perf_counter()
+        n, ids = len(w.history), list(w.history) + drafts
+        st = self._stream(s, w)
+        ahead = st.snapshot()[s.taken :]
+        if ahead and ahead[0] != drafts[0]:  # the stream already answered: the first draft is wrong
+            return self._keep(s, w, drafts, ahead, t0, fallback=False)
+        try:
+            got = self.wire.score(ids, None)
+            rows = [_choice(got, ids, n + j) for j in range(len(drafts))]  # vLLM's argmax after history + drafts[:j]
+        except (WireError, httpx.HTTPError) as e:  # an error, a timeout, a garbage row: never a wrong token
+            self.fallbacks += 1
+            log.warning("vLLM scoring round failed (%s): the stream's tokens are emitted instead", e)
+            return self._keep(s, w, drafts, self._next(s, w), t0, fallback=True)
+        ahead = st.snapshot()[s.taken :]
+        # A row not computed lies in a prefix vLLM had cached past this context's end. Where its
+        # stream got there, the stream's token is vLLM's choice (wait a step or two for it). Where
+        # another request did (a repeated context), the stream's tokens are this round's, and after
+        # twice the sequence stops scoring: reading those rows would need its whole context
+        # prefilled again under a cache salt, which costs more than a 2-core CPU's rounds save.
+        if sum(r is None for r in rows) > len(ahead) + 2:
+            s.cached_past += 1
+            self.cached_past += 1
+            return self._keep(s, w, drafts, self._next(s, w), t0, fallback=False, priced=False)
+        choice: list[int] = []
+        for j, row in enumerate(rows):
+            if row is None:
+                if j >= len(ahead):
+                    ahead = st.wait(s.taken + j + 1, self.token_timeout_s)[s.taken :]
+                    if len(ahead) <= j:
+                        raise WireError("vLLM's stream ended inside a round")
+                    self.uncomputed += 1
+                row = ahead[j]
+            choice.append(row)
+            if row != drafts[j]:
+                break  # rows past the first mismatch are not needed
+        k = len(choice)
+        last = got.token if k == len(drafts) and choice[-1:] == drafts[-1:] else None
+        logits = torch.full((k + 1, self.info.vocab_size), float("-inf"))  # [k+1, V]
+        logits[torch.arange(k), torch.tensor(choice, dtype=torch.long)] = 0.0
+        if last is not None:
+            logits[k, last] = 0.0
+        else:
+            logits[k, 0] = 0.0  # never reached: the round ends at row k-1's mismatch
+        emitted = verify_round(logits, [RoundDraft(drafts[:k], 0.0, 0, 1.0, None)]).emitted[0]
+        return self._keep(s, w, drafts, ahead, t0, fallback=False, verified=emitted)
+
+    def _keep(
+        self, s: _Seq, w: RoundWork, drafts: list[int], ahead: list[int], t0: float, fallback: bool,
+        verified: list[int] | None = None, priced: bool = True,
+    ) -> RoundDone:  # fmt: skip
+        """Emit the verified tokens or the stream's, whichever go further (the stream's where they differ)."""
+        out, reopen = ahead, False
+        if verified is not None:
+            i = 0
+            while i < min(len(verified), len(ahead)) and verified[i] == ahead[i]:
+                i += 1
+            if i < min(len(verified), len(ahead)):  # numerics: vLLM's own decoding is the reference
+                self.disagreements += 1
+                out = ahead[: i + 1]
+            elif len(verified) > len(ahead):
+                out = verified
+                # Past where the stream is: wait for it to catch up, or open a new stream from the round's end.
+                step = self.pricer.step()
+                reopen = step is None or (len(verified) - len(ahead)) * step > self.pricer.reopen_cost() + step
+        if not out:
+            out = self._next(s, w)[:1]
+        if reopen:
+            self._drop(s)  # vLLM's stream is far behind: a new one from past the round's tokens
+        else:
+            s.checked = s.taken + min(len(out), len(ahead))
+            s.taken += len(out)
+        s.quiet_since = time.perf_counter()
+        if priced:
+            self.pricer.observe_round(w.draft.context, len(out), s.quiet_since - t0, reopen)
+        log.debug("round ctx=%d k=%d verified=%s ahead=%d out=%d %.1f ms reopen=%s", w.draft.context, len(drafts),
+                  None if verified is None else len(verified), len(ahead), len(out), (s.quiet_since - t0) * 1e3, reopen)
+        accepted = 0
+        while accepted < min(len(drafts), len(out)) and drafts[accepted] == out[accepted]:
+            accepted += 1
+        return RoundDone(list(out), accepted, fallback=fallback)
+
+
+def _choice(got: Scored, ids: list[int], m: int) -> int | None:
+    """vLLM's argmax at row m, None if the row was not computed; GarbageRow if it is not well formed."""
+    try:
+        return top1(read_row(got, ids, m))
+    except GarbageRow:
+        raise
+    except RowError:
+        return None
