@@ -42,7 +42,8 @@ def worker() -> Iterator[Worker]:
 
 @pytest.fixture(scope="session")
 def plain(env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with vllm_server(VllmLaunch(env, log=tmp_path_factory.mktemp("vllm") / "plain.log")) as url:
+    # The reference (vLLM's own decoding) and, with its token route on, the gateway rounds' target.
+    with vllm_server(VllmLaunch(env, scale_out=True, log=tmp_path_factory.mktemp("vllm") / "plain.log")) as url:
         yield url
 
 

@@ -15,7 +15,12 @@ Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-aut
 through ``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram``
 worker this tool starts; ``--draft-delay-ms`` puts a delay proxy between them and ``--prefetch off``
 turns the proposer's precomputation off, to measure what a network round trip costs and how much
-the precomputation hides). ``make demo-vllm`` runs this on the built-in prompts.
+the precomputation hides). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate gateway (``draftgate
+serve --target vllm+http://...``, its own process) in front of vLLM alone, which this tool starts
+with ``--enable-scale-out``: the gateway drafts and verifies, vLLM scores its drafts and decodes
+its plain stretches; their outputs are compared with vLLM alone's as text (the gateway returns no
+token ids), and vLLM's prefix-cache hits during each arm's requests are printed. ``make
+demo-vllm`` runs this on the built-in prompts.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Arm:
     server: str  # "plain" | "ngram" | "draftgate": which vLLM process serves it
     xargs: Mapping[str, Any] = field(default_factory=dict)
     what: str = ""
+    gateway: str | None = None  # a DraftGate gateway with this drafter in front of the server (its own rounds)
 
 
 ARMS = {
@@ -67,6 +73,8 @@ ARMS = {
         Arm("dg-suffix", "draftgate", {"draftgate_drafter": "suffix"}, "DraftGate suffix store, controller K"),
         Arm("dg-ngram", "draftgate", {"draftgate_drafter": "ngram"}, "DraftGate n-gram lookup, controller K"),
         Arm("dg-remote", "draftgate", {"draftgate_drafter": "remote"}, "DraftGate remote draft worker (n-gram)"),
+        *(Arm(f"gw-{d}", "plain", what=f"DraftGate gateway, its own rounds ({d}), vLLM alone scoring", gateway=d)
+          for d in ("suffix", "auto", "ngram")),
     )
 }
 
@@ -84,7 +92,8 @@ class Tally:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: Arm, max_tokens: int) -> tuple[list[int], str, float]:
+def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: Arm, max_tokens: int) -> tuple[list[int] | int, str, float]:
+    """(token ids, or their count where the server returns none: the gateway), text, seconds."""
     body: dict[str, Any] = {
         "model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
         "return_token_ids": True,
@@ -95,29 +104,51 @@ def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: A
     r = client.post(f"{url}/v1/chat/completions", json=body)
     seconds = time.perf_counter() - t0
     r.raise_for_status()
-    choice = r.json()["choices"][0]
-    return list(choice["token_ids"]), choice["message"]["content"] or "", seconds
+    obj = r.json()
+    choice = obj["choices"][0]
+    ids = choice.get("token_ids")
+    return (list(ids) if ids is not None else int(obj["usage"]["completion_tokens"])), choice["message"]["content"] or "", seconds
 
 
-def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[list[int]], float]:
-    """Every turn of ``p``, answered in order on the arm's own answers: token ids per turn, seconds."""
+def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[Any], float]:
+    """Every turn of ``p``, answered in order on the arm's own answers: (token ids or count, text) per turn, seconds."""
     answers: list[str] = []
-    ids: list[list[int]] = []
+    ids: list[Any] = []
     total = 0.0
     for turn in range(len(p.turns)):
         toks, text, s = _chat(client, url, p.messages(turn, answers), arm, max_tokens)
         answers.append(text)
-        ids.append(toks)
+        ids.append((toks, text))
         total += s
     return ids, total
 
 
+def _url(urls: Mapping[str, str], arm: Arm) -> str:
+    return urls[arm.name] if arm.gateway else urls[arm.server]
+
+
+def _cache(url: str) -> tuple[float, float]:
+    """vLLM's prefix-cache (hits, queries) so far, in prompt tokens."""
+    got = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            if line.startswith(name + "{"):
+                got[name] = got.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return got.get("vllm:prefix_cache_hits_total", 0.0), got.get("vllm:prefix_cache_queries_total", 0.0)
+
+
+def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
+    """One turn's output equal: token ids where both arms returned them, else text."""
+    return a[0] == b[0] if isinstance(a[0], list) and isinstance(b[0], list) else a[1] == b[1]
+
+
 def run_compare(
     urls: Mapping[str, str], arms: Sequence[Arm], prompts: Sequence[BenchPrompt], runs: int, concurrency: int, max_tokens: int
-) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, dict[str, list[list[int]]]]]:
-    """Tallies per (arm, category) per run, and the first run's token ids per arm and prompt."""
+) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, list[float]]]:
+    """Tallies per (arm, category) per run, and vLLM's prefix-cache [hits, queries] during each arm's requests."""
     tallies: dict[tuple[str, str], list[Tally]] = defaultdict(lambda: [Tally() for _ in range(runs)])
-    outputs: dict[str, dict[str, list[list[int]]]] = defaultdict(dict)
+    outputs: dict[str, dict[str, list[Any]]] = defaultdict(dict)
+    cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     groups = [list(prompts[i : i + concurrency]) for i in range(0, len(prompts), concurrency)]
     total, done = runs * len(groups) * len(arms), 0
     with httpx.Client(timeout=600) as client, ThreadPoolExecutor(concurrency) as pool:
@@ -125,12 +156,16 @@ def run_compare(
             for gi, group in enumerate(groups):
                 shift = (run + gi) % len(arms)
                 for arm in [*arms[shift:], *arms[:shift]]:
+                    h0, q0 = _cache(urls[arm.server])
                     t0 = time.perf_counter()
-                    results = list(pool.map(lambda p, a=arm: _conversation(client, urls[a.server], p, a, max_tokens), group))
+                    results = list(pool.map(lambda p, a=arm: _conversation(client, _url(urls, a), p, a, max_tokens), group))
                     wall = time.perf_counter() - t0
+                    h1, q1 = _cache(urls[arm.server])
+                    cache[arm.name][0] += h1 - h0
+                    cache[arm.name][1] += q1 - q0
                     for p, (ids, _) in zip(group, results, strict=True):
                         t = tallies[(arm.name, p.category)][run]
-                        t.tokens += sum(len(x) for x in ids)
+                        t.tokens += sum(x if isinstance(x, int) else len(x) for x, _ in ids)
                         t.requests += len(ids)
                         t.seconds += wall / len(group)  # the group's wall time, shared by its requests
                         if run == 0:
@@ -144,8 +179,9 @@ def run_compare(
             if p.id in base:
                 t = tallies[(arm.name, p.category)][0]
                 t.compared += 1
-                t.identical += int(outputs[arm.name][p.id] == base[p.id])
-    return tallies, outputs
+                mine = outputs[arm.name][p.id]
+                t.identical += int(len(mine) == len(base[p.id]) and all(map(_same, mine, base[p.id])))
+    return tallies, cache
 
 
 # Rows that sum categories of the held-out prompt set: where drafts come from the context, and where they do not.
@@ -198,6 +234,21 @@ def _identical(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: S
 @contextmanager
 def _draft_worker(port: int) -> Iterator[str]:
     cmd = [sys.executable, "-m", "draftgate", "serve-draft", "--drafter", "ngram", "--port", str(port), "--log-level", "warning"]
+    with _process(cmd, port, "the draft worker") as url:
+        yield url
+
+
+@contextmanager
+def _gateway(target: str, drafter: str, port: int) -> Iterator[str]:
+    """`draftgate serve` in its own process: one route named as vLLM's model, its target the vLLM server."""
+    cmd = [sys.executable, "-m", "draftgate", "serve", "--target", f"vllm+{target}", "--drafter", drafter,
+           "--served-model-name", SERVED_NAME, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    with _process(cmd, port, "the gateway") as url:
+        yield url
+
+
+@contextmanager
+def _process(cmd: list[str], port: int, what: str) -> Iterator[str]:
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -208,10 +259,10 @@ def _draft_worker(port: int) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None:
-                raise RuntimeError(f"the draft worker exited with status {proc.returncode}")
+                raise RuntimeError(f"{what} exited with status {proc.returncode}")
             time.sleep(0.5)
         else:
-            raise RuntimeError(f"the draft worker did not answer {url}/health within 60 s")
+            raise RuntimeError(f"{what} did not answer {url}/health within 60 s")
         yield url
     finally:
         proc.terminate()
@@ -256,7 +307,13 @@ def _servers(
             if any(a.name == "dg-remote" for a in arms):
                 extra["DRAFTGATE_VLLM_DRAFT_URL"] = remote.url(stack)
                 extra["DRAFTGATE_VLLM_PREFETCH"] = "1" if remote.prefetch else "0"
-        urls[server] = stack.enter_context(vllm_server(VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log")))
+        # vLLM alone also serves its token route: the gateway arms' rounds score through it.
+        launch = VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log", scale_out=server == "plain")
+        urls[server] = stack.enter_context(vllm_server(launch))
+    for a in arms:
+        if a.gateway is not None:
+            print(f"starting the DraftGate gateway ({a.name}) ...", file=sys.stderr, flush=True)
+            urls[a.name] = stack.enter_context(_gateway(urls[a.server], a.gateway, free_port()))
     return urls, control
 
 
@@ -294,11 +351,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ExitStack() as stack:
         remote = RemoteTier(a.draft_delay_ms, a.prefetch == "on")
         urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
-        tallies, _ = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
+        tallies, cache = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
         stats = httpx.get(f"{control}/stats", timeout=10).json() if control else None
     cats = list(dict.fromkeys(p.category for p in prompts))
     table = render(tallies, arms, cats, a.concurrency)
     print(table)
+    for arm in arms:
+        h, q = cache.get(arm.name, (0.0, 0.0))
+        if q:
+            print(f"{arm.name}: vLLM's prefix cache held {h:.0f} of the {q:.0f} prompt tokens asked for ({h / q:.1%})")
     if stats:
         for name, s in stats["drafters"].items():
             if s["drafted"]:
@@ -308,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {
         "arms": [a.name for a in arms], "runs": a.runs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
         "tallies": {f"{arm}/{cat}": [vars(t) for t in ts] for (arm, cat), ts in tallies.items()},
-        "proposer": stats, "table": table,
+        "proposer": stats, "table": table, "prefix_cache": {k: {"hits": v[0], "queries": v[1]} for k, v in cache.items()},
     }  # fmt: skip
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts[:1])

@@ -77,7 +77,9 @@ def connect(url: str, client: httpx.Client, tokenizer: TextTokenizer) -> ServerF
             "the model vLLM serves (the same tokenizer)"
         )
     proposer = SPEC_METRIC in _get(client, url, "/metrics").text
-    route = client.post(url + GENERATE, json={}, timeout=10.0).status_code != 404  # 422: there, body refused
+    # Without --enable-scale-out vLLM answers the token route 403 (or 404 where it predates it).
+    one = {"model": name, "token_ids": ours[:4], "sampling_params": {"max_tokens": 1, "detokenize": False}}
+    route = client.post(url + GENERATE, json=one, timeout=60.0).status_code == 200
     return ServerFacts(name, int(max_len) if max_len else None, proposer, route)
 
 

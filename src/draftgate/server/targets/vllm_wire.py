@@ -69,8 +69,8 @@ def read_row(s: Scored, token_ids: Sequence[int], m: int) -> dict[int, tuple[flo
     zero-fill a cached row gets ({0: (0.0, 1)} for a token other than 0; for token 0 that shape
     is ambiguous and is refused too): else RowError. Well formed: it holds token_ids[m] with a
     rank, exactly one rank-1 entry (a tie at the top is refused: which token vLLM's argmax takes
-    is not known), finite log-probabilities <= 0, the own token's rank 1 exactly when it is the
-    top-1 and its log-probability no higher than the top-1's: else GarbageRow.
+    is not known), finite log-probabilities <= 0, the own token no more likely than the top-1:
+    else GarbageRow.
     """
     if s.cached is not None and m < s.cached + 1:
         raise RowError(f"row {m} lies in the cached prefix ({s.cached} tokens): not computed")
@@ -86,9 +86,8 @@ def read_row(s: Scored, token_ids: Sequence[int], m: int) -> dict[int, tuple[flo
     tops = [t for t, (_, rank) in row.items() if rank == 1]
     if len(tops) != 1 or any(not (math.isfinite(lp) and lp <= 0.0) for lp, _ in row.values()):
         raise GarbageRow(f"row {m} is not well formed ({len(tops)} rank-1 entries)")
-    best = row[tops[0]][0]
-    if (own[1] == 1) != (tops[0] == int(token_ids[m])) or own[0] > best:
-        raise GarbageRow(f"row {m}: its own token's rank and log-probability disagree with its top-1")
+    if own[0] > row[tops[0]][0]:
+        raise GarbageRow(f"row {m}: its own token is more likely than its top-1")
     return row
 
 
