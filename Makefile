@@ -23,9 +23,9 @@ demo-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.compare \
 		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
 
-# The vLLM benchmark of docs/BENCHMARKS.md (about 35 minutes on 2 cores): held-out prompts at
-# concurrency 1 and 4, repeated-context prompts, and the remote draft worker behind 2 ms each way
-# with the proposer's precomputation on and off.
+# The vLLM benchmark of docs/BENCHMARKS.md (about 50 minutes on 2 cores): held-out prompts at
+# concurrency 1 and 4, repeated-context prompts, the remote draft worker behind 2 ms each way
+# with the proposer's precomputation on and off, and the gateway's own rounds in front of vLLM.
 bench-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && set -e && \
 	C="$(PY) -m draftgate.integrations.vllm.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL" && \
@@ -33,7 +33,9 @@ bench-vllm: $(STAMP)
 	$$C --prompts benchmarks/prompts/repeated.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix --out bench-vllm-out/repeated && \
 	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,dg-auto --concurrency 4 --out bench-vllm-out/heldout-c4 && \
 	for p in on off; do $$C --prompts benchmarks/prompts/heldout.jsonl --limit 9 --arms vllm,dg-ngram,dg-remote \
-		--draft-delay-ms 2 --prefetch $$p --out bench-vllm-out/remote-prefetch-$$p; done
+		--draft-delay-ms 2 --prefetch $$p --out bench-vllm-out/remote-prefetch-$$p; done && \
+	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,gw-none,gw-suffix,gw-auto --runs 1 --max-tokens 96 \
+		--out bench-vllm-out/gateway
 
 # The whole suite, the live vLLM tests included (they install vLLM's virtualenv once;
 # DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run).

@@ -32,6 +32,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    cache_salt: str | None = None  # a vLLM target's prefix-cache salt for this request (tenancy)
 
     @property
     def greedy(self) -> bool:

@@ -36,7 +36,7 @@ decoding (the same target, no drafts):
                 chi-square test (speculative vs plain, per output position) at --alpha.
 
 The back end is a model and drafter (--model, --drafter, --k, --draft-model; a remote drafter
-or --target grpc://... / openai+http://... as in `draftgate serve`) or one route of a routes
+or --target grpc://... / openai+http://... / vllm+http://... as in `draftgate serve`) or one route of a routes
 file (--routes FILE --route NAME). Exit status: 0 lossless, 1 a check failed (the report
 names the first difference), 2 bad input."""
 

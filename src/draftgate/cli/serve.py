@@ -8,7 +8,8 @@ Remote back ends: --target grpc://HOST:PORT[,grpc://...] (`draftgate serve-targe
 workers) or openai+http://HOST:PORT (an OpenAI-compatible server we do not own,
 e.g. llama.cpp's; greedy requests only unless --allow-approximate) or
 vllm+http://HOST:PORT (a vLLM running DraftGate's proposer: vLLM drafts and
-verifies with the route's drafter, the gateway switches it per request); --drafter
+verifies with the route's drafter, the gateway switches it per request; or a vLLM
+started with --enable-scale-out: the gateway drafts and verifies, vLLM scores); --drafter
 http://HOST:PORT (`draftgate serve-draft`) or llamacpp+http://HOST:PORT (a
 llama.cpp server drafting greedily). Client keys come from --api-keys-file or
 DRAFTGATE_API_KEYS (comma or space separated); none = open dev mode.

@@ -3,7 +3,9 @@
 Parsing is strict (no "1" for 1, no NaN) and every field has a sane range; fields
 that would change what the user gets and that we do not implement (n > 1,
 logprobs, penalties, tools...) are refused with a 400 rather than ignored.
-Extensions, as vLLM names them: ``top_k`` (-1 or 0 = off) and ``ignore_eos``.
+Extensions, as vLLM names them: ``top_k`` (-1 or 0 = off), ``ignore_eos`` and ``cache_salt`` (a
+vLLM target keeps the request's KV apart from other tenants' in its prefix cache; other targets
+share no KV across requests).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class _Generation(_Wire):
     stream_options: StreamOptions | None = None
     n: int | None = 1
     ignore_eos: bool | None = False
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
     user: str | None = None
 
     # not implemented: accepted only with their neutral values (see _NEUTRAL)
@@ -159,6 +162,7 @@ class _Generation(_Wire):
             max_new_tokens=max_new_tokens,
             stop=stop,
             ignore_eos=bool(self.ignore_eos),
+            cache_salt=self.cache_salt,
         )
         try:
             return params.validate()

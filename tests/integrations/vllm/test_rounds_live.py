@@ -53,6 +53,7 @@ class Gateway:
     url: str
     table: Any
     faults: Faults
+    app: Any
 
     def chat(self, route: str, prompt: str, **kw: Any) -> Any:
         client = OpenAI(base_url=f"{self.url}/v1", api_key=CLIENT_KEY, timeout=300, max_retries=0)
@@ -97,8 +98,9 @@ def gateway(plain: str, worker: Worker, proxy: tuple[str, Faults]) -> Iterator[G
     table = build_route_table(routes)
     auth = AuthConfig(api_keys=frozenset({CLIENT_KEY}), admin_keys=frozenset({ADMIN_KEY}))
     try:
-        with serve_app(create_app(table, auth, OpsConfig(seed=0))) as url:
-            yield Gateway(url, table, proxy[1])
+        app = create_app(table, auth, OpsConfig(seed=0))
+        with serve_app(app) as url:
+            yield Gateway(url, table, proxy[1], app)
     finally:
         table.close()
 
@@ -181,7 +183,7 @@ def test_sampled_requests_run_on_vllms_own_sampling(gateway: Gateway, plain: str
     assert gateway.metric("draftgate:spec_decode_target_decoded_requests_total", "suffix") >= 1
 
 
-def test_operations_switch_and_shadow_on_the_rounds_route(gateway: Gateway, reference: dict[str, str]) -> None:
+def test_operations_switch_shadow_canaries_on_the_rounds_route(gateway: Gateway, reference: dict[str, str]) -> None:
     before = gateway.metric("draftgate:spec_decode_num_draft_tokens_total", "suffix")
     assert gateway.admin("suffix", {"enabled": False, "shadow_fraction": 1.0})["speculating"] is False
     for p in PROMPTS[:2]:
@@ -195,6 +197,24 @@ def test_operations_switch_and_shadow_on_the_rounds_route(gateway: Gateway, refe
         time.sleep(0.2)
     assert gateway.admin("suffix", {"enabled": True, "shadow_fraction": 0.0})["speculating"] is True
     assert gateway.chat("suffix", PROMPTS[0]).choices[0].message.content == reference[PROMPTS[0]]
+    # The lossless canary re-runs speculative requests plainly on the same vLLM and compares.
+    checks = gateway.metric("draftgate:lossless_canary_checks_total", "suffix")
+    gateway.admin("suffix", {"lossless_fraction": 1.0})
+    try:
+        drafted = sum(gateway.chat("suffix", p).model_extra["speculative"]["draft_tokens"] > 0 for p in PROMPTS[:3])
+        assert gateway.app.state.ops.lossless_worker.wait_idle(120)
+    finally:
+        gateway.admin("suffix", {"lossless_fraction": 0.0})
+    assert drafted >= 1
+    assert gateway.metric("draftgate:lossless_canary_checks_total", "suffix") - checks == drafted
+    assert gateway.metric("draftgate:lossless_canary_mismatches_total", "suffix") == 0.0
+    # A canary: half the requests speculate, the rest are the plain control arm; outputs all vLLM's own.
+    gateway.admin("suffix", {"canary_fraction": 0.5})
+    try:
+        for p in PROMPTS[:3]:
+            assert gateway.chat("suffix", p).choices[0].message.content == reference[p]
+    finally:
+        gateway.admin("suffix", {"canary_fraction": 1.0})
 
 
 @pytest.mark.parametrize("fault", ["400", "garbage"])

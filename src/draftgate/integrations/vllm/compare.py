@@ -8,7 +8,9 @@ engine cores still take CPU: compare few arms at a time for the cleanest ratios)
 requests go one arm at a time, the arms' order rotated per prompt, so drift on a shared machine
 falls on every arm alike. Greedy decoding; each arm's tokens are checked against vLLM alone
 (``identical``). Prompts with several turns are answered turn by turn, each arm on its own
-earlier answers. Throughput is output tokens over wall time of the requests, per category.
+earlier answers. Each conversation carries its own ``cache_salt``: no arm or run reads KV
+another computed, so every arm pays its own prefill, as a new conversation would. Throughput is
+output tokens over wall time of the requests, per category.
 
 Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``,
 ``dg-suffix``, ``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request
@@ -19,14 +21,18 @@ the precomputation hides). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate
 serve --target vllm+http://...``, its own process) in front of vLLM alone, which this tool starts
 with ``--enable-scale-out``: the gateway drafts and verifies, vLLM scores its drafts and decodes
 its plain stretches; their outputs are compared with vLLM alone's as text (the gateway returns no
-token ids), and vLLM's prefix-cache hits during each arm's requests are printed. ``make
-demo-vllm`` runs this on the built-in prompts.
+token ids), and vLLM's prefix-cache hits during each arm's requests are printed. A gateway
+process keeps its drafters' memory for the whole invocation (the suffix store remembers finished
+answers), so a second run over the same prompts drafts answers it has seen: held-out figures
+come from ``--runs 1``. ``gw-none`` (the gateway, no drafter) isolates what the rounds give from
+the gateway's own cost. ``make demo-vllm`` runs this on the built-in prompts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -51,6 +57,7 @@ from draftgate.integrations.vllm.launch import (
     free_port,
     vllm_server,
 )
+from draftgate.integrations.vllm.probes import prefix_cache, round_cost
 
 __all__ = ["ARMS", "Arm", "main"]
 
@@ -74,7 +81,7 @@ ARMS = {
         Arm("dg-ngram", "draftgate", {"draftgate_drafter": "ngram"}, "DraftGate n-gram lookup, controller K"),
         Arm("dg-remote", "draftgate", {"draftgate_drafter": "remote"}, "DraftGate remote draft worker (n-gram)"),
         *(Arm(f"gw-{d}", "plain", what=f"DraftGate gateway, its own rounds ({d}), vLLM alone scoring", gateway=d)
-          for d in ("suffix", "auto", "ngram")),
+          for d in ("suffix", "auto", "ngram", "none")),
     )
 }
 
@@ -92,11 +99,14 @@ class Tally:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: Arm, max_tokens: int) -> tuple[list[int] | int, str, float]:
-    """(token ids, or their count where the server returns none: the gateway), text, seconds."""
+def _chat(
+    client: httpx.Client, url: str, messages: list[dict[str, str]], arm: Arm, max_tokens: int, salt: str
+) -> tuple[list[int] | int, str, float, int]:
+    """(token ids, or their count where the server returns none: the gateway), text, seconds, drafts
+    scored (the gateway's ``speculative`` stats; 0 elsewhere)."""
     body: dict[str, Any] = {
         "model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-        "return_token_ids": True,
+        "return_token_ids": True, "cache_salt": salt,
     }  # fmt: skip
     if arm.xargs:
         body["vllm_xargs"] = dict(arm.xargs)
@@ -107,34 +117,29 @@ def _chat(client: httpx.Client, url: str, messages: list[dict[str, str]], arm: A
     obj = r.json()
     choice = obj["choices"][0]
     ids = choice.get("token_ids")
-    return (list(ids) if ids is not None else int(obj["usage"]["completion_tokens"])), choice["message"]["content"] or "", seconds
+    drafted = int((obj.get("speculative") or {}).get("draft_tokens", 0))
+    toks = list(ids) if ids is not None else int(obj["usage"]["completion_tokens"])
+    return toks, choice["message"]["content"] or "", seconds, drafted
 
 
-def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[Any], float]:
-    """Every turn of ``p``, answered in order on the arm's own answers: (token ids or count, text) per turn, seconds."""
+def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[Any], float, int]:
+    """Every turn of ``p``, answered in order on the arm's own answers: (token ids or count, text) per
+    turn, seconds, drafts scored."""
     answers: list[str] = []
     ids: list[Any] = []
-    total = 0.0
+    total, drafted = 0.0, 0
+    salt = secrets.token_urlsafe(16)  # each conversation is new to the server: no arm reads another's KV
     for turn in range(len(p.turns)):
-        toks, text, s = _chat(client, url, p.messages(turn, answers), arm, max_tokens)
+        toks, text, s, d = _chat(client, url, p.messages(turn, answers), arm, max_tokens, salt)
         answers.append(text)
         ids.append((toks, text))
         total += s
-    return ids, total
+        drafted += d
+    return ids, total, drafted
 
 
 def _url(urls: Mapping[str, str], arm: Arm) -> str:
     return urls[arm.name] if arm.gateway else urls[arm.server]
-
-
-def _cache(url: str) -> tuple[float, float]:
-    """vLLM's prefix-cache (hits, queries) so far, in prompt tokens."""
-    got = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
-            if line.startswith(name + "{"):
-                got[name] = got.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return got.get("vllm:prefix_cache_hits_total", 0.0), got.get("vllm:prefix_cache_queries_total", 0.0)
 
 
 def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
@@ -145,10 +150,11 @@ def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
 def run_compare(
     urls: Mapping[str, str], arms: Sequence[Arm], prompts: Sequence[BenchPrompt], runs: int, concurrency: int, max_tokens: int
 ) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, list[float]]]:
-    """Tallies per (arm, category) per run, and vLLM's prefix-cache [hits, queries] during each arm's requests."""
+    """Tallies per (arm, category) per run, and vLLM's prefix-cache [hits, queries] during each arm's
+    requests with the drafts they scored (prompt tokens no cache can hold)."""
     tallies: dict[tuple[str, str], list[Tally]] = defaultdict(lambda: [Tally() for _ in range(runs)])
     outputs: dict[str, dict[str, list[Any]]] = defaultdict(dict)
-    cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     groups = [list(prompts[i : i + concurrency]) for i in range(0, len(prompts), concurrency)]
     total, done = runs * len(groups) * len(arms), 0
     with httpx.Client(timeout=600) as client, ThreadPoolExecutor(concurrency) as pool:
@@ -156,14 +162,15 @@ def run_compare(
             for gi, group in enumerate(groups):
                 shift = (run + gi) % len(arms)
                 for arm in [*arms[shift:], *arms[:shift]]:
-                    h0, q0 = _cache(urls[arm.server])
+                    h0, q0 = prefix_cache(urls[arm.server])
                     t0 = time.perf_counter()
                     results = list(pool.map(lambda p, a=arm: _conversation(client, _url(urls, a), p, a, max_tokens), group))
                     wall = time.perf_counter() - t0
-                    h1, q1 = _cache(urls[arm.server])
+                    h1, q1 = prefix_cache(urls[arm.server])
                     cache[arm.name][0] += h1 - h0
                     cache[arm.name][1] += q1 - q0
-                    for p, (ids, _) in zip(group, results, strict=True):
+                    cache[arm.name][2] += sum(r[2] for r in results)
+                    for p, (ids, _, _) in zip(group, results, strict=True):
                         t = tallies[(arm.name, p.category)][run]
                         t.tokens += sum(x if isinstance(x, int) else len(x) for x, _ in ids)
                         t.requests += len(ids)
@@ -352,14 +359,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         remote = RemoteTier(a.draft_delay_ms, a.prefetch == "on")
         urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
         tallies, cache = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
+        cost = None
+        if any(x.gateway for x in arms):
+            from draftgate.models.loader import load_model_info
+
+            tok = load_model_info(str(a.model)).tokenizer
+            longest = max(prompts, key=lambda p: len(p.turns[0]))
+            cost = round_cost(urls["plain"], tok.encode_chat(longest.messages(0, [])))
         stats = httpx.get(f"{control}/stats", timeout=10).json() if control else None
     cats = list(dict.fromkeys(p.category for p in prompts))
     table = render(tallies, arms, cats, a.concurrency)
     print(table)
+    prefill = cache["vllm"][1] if "vllm" in cache else 0.0  # every conversation's first prompt (salted: new to vLLM)
     for arm in arms:
-        h, q = cache.get(arm.name, (0.0, 0.0))
+        h, q, drafted = cache.get(arm.name, (0.0, 0.0, 0.0))
         if q:
-            print(f"{arm.name}: vLLM's prefix cache held {h:.0f} of the {q:.0f} prompt tokens asked for ({h / q:.1%})")
+            line = f"{arm.name}: vLLM's prefix cache held {h:.0f} of the {q:.0f} prompt tokens asked for ({h / q:.1%})"
+            rest = q - prefill - drafted
+            if arm.gateway and rest > 0:
+                line += f"; {h / rest:.1%} of those past the first prompts and the {drafted:.0f} drafts scored"
+            print(line)
+    if cost:
+        print(f"a round on vLLM's token route ({cost['prompt_tokens']} prompt tokens + {cost['k']} drafts): "
+              f"{cost['score_ms']:.1f} ms = {cost['score_ms'] / cost['token_ms']:.2f} plain tokens of "
+              f"{cost['token_ms']:.1f} ms; any request (max_tokens 1): {cost['request_ms']:.1f} ms")  # fmt: skip
     if stats:
         for name, s in stats["drafters"].items():
             if s["drafted"]:
@@ -369,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {
         "arms": [a.name for a in arms], "runs": a.runs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
         "tallies": {f"{arm}/{cat}": [vars(t) for t in ts] for (arm, cat), ts in tallies.items()},
-        "proposer": stats, "table": table, "prefix_cache": {k: {"hits": v[0], "queries": v[1]} for k, v in cache.items()},
+        "proposer": stats, "table": table, "round_cost": cost, "prefix_cache": {k: {"hits": v[0], "queries": v[1], "drafts": v[2]} for k, v in cache.items()},
     }  # fmt: skip
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts[:1])

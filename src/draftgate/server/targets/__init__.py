@@ -9,8 +9,10 @@ Target specs (``--target`` / a route's ``target`` key):
   not own (llama.cpp's server), verified through its echoed prompt
   log-probabilities (``OpenAITargetEngine``; greedy only unless the route sets
   ``allow_approximate``);
-* ``vllm+http://HOST:PORT`` -- a vLLM server running DraftGate's proposer: vLLM drafts
-  and verifies, the gateway switches speculation per request (``VllmPluginBackend``).
+* ``vllm+http://HOST:PORT`` -- a vLLM server, in the mode it offers (``vllm_checks.connect``):
+  running DraftGate's proposer, vLLM drafts and verifies and the gateway switches speculation
+  per request (``VllmPluginBackend``); started with ``--enable-scale-out``, the gateway drafts
+  and verifies and vLLM scores the drafts and decodes the plain stretches (``VllmTargetEngine``).
 
 Drafter specs (``--drafter`` / a route's ``drafter`` key): the built-in kinds
 (none, ngram, suffix, model, quant, auto), ``http://HOST:PORT`` (a
@@ -53,7 +55,7 @@ class TargetKind(str, enum.Enum):
     EMBEDDED = "embedded"  # the in-process engine
     GRPC = "grpc"  # `draftgate serve-target` workers
     OPENAI = "openai"  # an OpenAI-compatible completion server
-    VLLM = "vllm"  # a vLLM with DraftGate's proposer (it drafts and verifies)
+    VLLM = "vllm"  # a vLLM server: with DraftGate's proposer inside, or scoring the gateway's rounds
 
 
 class RemoteDrafterKind(str, enum.Enum):

@@ -157,6 +157,8 @@ class VllmPluginBackend(Frontend):
             body["top_k"] = params.top_k
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.cache_salt is not None:
+            body["cache_salt"] = params.cache_salt
         return body
 
     def _stats(self, body: dict[str, Any]) -> SpecStats:

@@ -166,7 +166,7 @@ class VllmRoundTarget:
             return st
         self._drop(s)
         left = w.remaining if w.remaining is not None else 1 << 20
-        s.stream = self.wire.stream(w.history, w.params, max(1, left), None)
+        s.stream = self.wire.stream(w.history, w.params, max(1, left), w.params.cache_salt)
         return s.stream
 
     def _agrees(self, s: _Seq, w: RoundWork, toks: list[int]) -> bool:
@@ -218,7 +218,7 @@ class VllmRoundTarget:
         if ahead and ahead[0] != drafts[0]:  # the stream already answered: the first draft is wrong
             return self._keep(s, w, drafts, ahead, t0, fallback=False)
         try:
-            got = self.wire.score(ids, None)
+            got = self.wire.score(ids, w.params.cache_salt)
             rows = [_choice(got, ids, n + j) for j in range(len(drafts))]  # vLLM's argmax after history + drafts[:j]
         except (WireError, httpx.HTTPError) as e:  # an error, a timeout, a garbage row: never a wrong token
             self.fallbacks += 1

@@ -13,8 +13,8 @@ token ids out, no text anywhere. Two calls:
 * ``stream``: plain decoding from a history, streamed token by token (``VllmStream``); closing it
   disconnects, and vLLM aborts the request.
 
-``cache_salt`` (per sequence, only where a context is already cached past its end) keeps a
-request off the shared prefix cache.
+``cache_salt`` (the request's own, where the client sent one) keeps a request's KV apart from
+other tenants' in vLLM's prefix cache.
 """
 
 from __future__ import annotations
