@@ -141,3 +141,15 @@ def test_snapshot_reports_step_and_tokens_per_step() -> None:
     assert snap["step_ms"] == 10.0
     assert snap["reopen_ms"] == 20.0
     assert snap["round_tokens_per_step"] == {2: 1.5, MAX_BUCKET: 0.2}
+
+
+def test_a_draft_too_short_to_pay_is_never_scored() -> None:
+    """A round taking 3.5 plain tokens' time cannot pay with a 1-token draft, even fully accepted."""
+    p = RoundPricer()
+    assert p.worth(5, 1)  # nothing measured yet: no break-even known
+    for _ in range(8):
+        p.observe_gap(0.02)
+        p.observe_round(5, 8, 0.07, reopened=False)
+    assert p.breakeven() == pytest.approx(3.5)
+    assert not p.worth(5, 1) and not p.worth(5, 2)  # 2 or 3 tokens in the time of 3.5
+    assert p.worth(5, 3) and p.worth(5, 16)  # the bucket pays (8 tokens a round): long drafts go

@@ -5,7 +5,7 @@ from draftgate.engine.costs import CostModel
 from draftgate.engine.engine import Chunk, Completion, Engine
 from draftgate.engine.factory import build_engine
 from draftgate.engine.local_target import LocalTarget
-from draftgate.engine.scored_target import ScoredTarget, Scorer
+from draftgate.engine.scored_target import ScoredTarget, Scorer, verify_choices
 from draftgate.engine.sequence import IncrementalText, StopChecker
 from draftgate.engine.session_host import SessionHost
 from draftgate.engine.target import (
@@ -23,6 +23,7 @@ __all__ = [
     "CostModel",
     "DrafterKind",
     "Engine",
+    "verify_choices",
     "EngineConfig",
     "IncrementalText",
     "build_engine",

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
@@ -22,7 +23,7 @@ from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 from draftgate.verify import RoundDraft, verify_round
 
-__all__ = ["Scorer", "ScoredTarget"]
+__all__ = ["Scorer", "ScoredTarget", "verify_choices"]
 
 
 class Scorer(Protocol):
@@ -90,3 +91,18 @@ class ScoredTarget:
         out = verify_round(logits, [RoundDraft(drafts, p.temperature, p.top_k, p.top_p, u)])
         approximate = p.temperature > 0 and not self.info.exact_sampling
         return RoundDone(out.emitted[0], out.accepted[0], approximate=approximate)
+
+
+def verify_choices(drafts: Sequence[int], choices: Sequence[int], after: int | None, vocab_size: int) -> tuple[list[int], int]:
+    """Greedy verification against a target's own choices: (emitted, accepted).
+
+    ``choices[j]`` is the target's greedy token after history + drafts[:j] (known up to the first
+    mismatch at least); ``after`` its token after all the drafts (None: not known; only read when
+    every draft matched). The rule is ``verify.verify_round``'s, on logits 0 at each choice.
+    """
+    k = len(choices)
+    logits = torch.full((k + 1, vocab_size), float("-inf"))  # [k+1, V]
+    logits[torch.arange(k), torch.tensor(list(choices), dtype=torch.long)] = 0.0
+    logits[k, after if after is not None else 0] = 0.0
+    out = verify_round(logits, [RoundDraft(list(drafts[:k]), 0.0, 0, 1.0, None)])
+    return out.emitted[0], out.accepted[0]

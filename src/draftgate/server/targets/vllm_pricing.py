@@ -11,9 +11,11 @@ context its lookup matched), from what rounds with that evidence actually gave o
 * a bucket's round rate: tokens its last rounds emitted / the seconds they took (the round, plus
   opening the next stream when the round got ahead of the old one).
 
-A draft is scored when its bucket's round rate beats the plain rate, or when the bucket has too
-few rounds to tell (each bucket is tried), or, once in ``PROBE_EVERY`` declines, to re-measure
-(a shared machine's speed drifts). Pure Python, thread-safe.
+A draft too short to pay even if all of it is accepted (its tokens + 1 take less time plainly
+than a round does) is never scored. Otherwise a draft is scored when its bucket's round rate
+beats the plain rate, or when the bucket has too few rounds to tell (each bucket is tried), or,
+once in ``PROBE_EVERY`` declines, to re-measure (a shared machine's speed drifts). Pure Python,
+thread-safe.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RoundPricer:
         self._gaps: deque[float] = deque(maxlen=4 * WINDOW)  # seconds between a stream's tokens
         self._opens: deque[float] = deque(maxlen=WINDOW)  # seconds from opening a stream to its first token
         self._rounds: dict[int, deque[tuple[int, float]]] = {}  # bucket -> (tokens, seconds)
+        self._round_s: deque[float] = deque(maxlen=WINDOW)  # wall seconds of the last rounds (any bucket)
         self._declined: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -55,6 +58,7 @@ class RoundPricer:
         """A scored draft: the tokens the round emitted, its wall time; ``reopened``: it got ahead."""
         extra = self.reopen_cost() if reopened else 0.0
         with self._lock:
+            self._round_s.append(seconds)
             self._rounds.setdefault(self.bucket(context), deque(maxlen=WINDOW)).append((tokens, seconds + extra))
 
     def step(self) -> float | None:
@@ -77,8 +81,19 @@ class RoundPricer:
                 return None
             return sum(t for t, _ in obs) / max(1e-9, sum(s for _, s in obs))
 
-    def worth(self, context: int) -> bool:
-        """Score this draft? (see the module doc)."""
+    def breakeven(self) -> float:
+        """Tokens a round must emit to cost no more than plain decoding (0 before it can be told)."""
+        step = self.step()
+        with self._lock:
+            if step is None or not self._round_s:
+                return 0.0
+            round_s = statistics.median(self._round_s)
+        return round_s / step
+
+    def worth(self, context: int, length: int | None = None) -> bool:
+        """Score this draft of ``length`` tokens? (see the module doc)."""
+        if length is not None and length + 1 < self.breakeven():
+            return False  # even accepted whole, it gives fewer tokens than plain decoding would meanwhile
         rate, step = self.round_rate(context), self.step()
         if rate is None or step is None or rate * step > 1.0:
             return True

@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
-import torch
 
+from draftgate.engine import verify_choices
 from draftgate.engine.target import RoundDone, RoundWork, TargetInfo, check_prompt
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.vllm_pricing import RoundPricer
@@ -58,7 +58,6 @@ from draftgate.server.targets.vllm_wire import (
     top1,
 )
 from draftgate.types import SamplingParams
-from draftgate.verify import RoundDraft, verify_round
 
 __all__ = ["VllmRoundTarget"]
 
@@ -150,7 +149,7 @@ class VllmRoundTarget:
             drafts = drafts[: max(0, self.info.max_context - len(w.history))]
         try:
             if drafts and w.params.greedy and s.cached_past < 2:
-                if self.pricer.worth(w.draft.context):
+                if self.pricer.worth(w.draft.context, len(drafts)):
                     self.scored += 1
                     return self._scored(s, w, drafts)
                 self.declined += 1
@@ -246,15 +245,8 @@ class VllmRoundTarget:
             choice.append(row)
             if row != drafts[j]:
                 break  # rows past the first mismatch are not needed
-        k = len(choice)
-        last = got.token if k == len(drafts) and choice[-1:] == drafts[-1:] else None
-        logits = torch.full((k + 1, self.info.vocab_size), float("-inf"))  # [k+1, V]
-        logits[torch.arange(k), torch.tensor(choice, dtype=torch.long)] = 0.0
-        if last is not None:
-            logits[k, last] = 0.0
-        else:
-            logits[k, 0] = 0.0  # never reached: the round ends at row k-1's mismatch
-        emitted = verify_round(logits, [RoundDraft(drafts[:k], 0.0, 0, 1.0, None)]).emitted[0]
+        done = len(choice) == len(drafts) and choice[-1] == drafts[-1]  # every draft matched
+        emitted, _ = verify_choices(drafts, choice, got.token if done else None, self.info.vocab_size)
         return self._keep(s, w, drafts, ahead, t0, fallback=False, verified=emitted)
 
     def _keep(
