@@ -23,7 +23,6 @@ __all__ = [
     "CostModel",
     "DrafterKind",
     "Engine",
-    "verify_choices",
     "EngineConfig",
     "IncrementalText",
     "build_engine",
@@ -38,4 +37,5 @@ __all__ = [
     "StopChecker",
     "TargetInfo",
     "check_prompt",
+    "verify_choices",
 ]

@@ -86,10 +86,9 @@ def build_backend(
         if facts.token_route and not facts.proposer:  # the gateway drafts and verifies, vLLM scores
             return VllmTargetEngine(url, facts, client, loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max,
                                     max_queue=cfg.max_queue)  # fmt: skip
-        client.close()
         return VllmPluginBackend(
-            target.addresses[0], loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max,
-            max_queue=cfg.max_queue,
+            url, loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
+            client=client, facts=facts,
         )  # fmt: skip
     raise ValueError(f"unknown target kind {target.kind!r}")
 

@@ -1,7 +1,8 @@
 """VllmTargetEngine: the engine with its target on a vLLM server that only scores (``vllm+http://`` rounds).
 
-Not a loop of its own: ``Engine`` runs every request (drafting, the goodput controller, stats,
-stops) over ``vllm_target.VllmRoundTarget``. This class checks the server at start
+Not a loop of its own: ``Engine`` runs every request (drafting, stats, stops) over
+``vllm_target.VllmRoundTarget`` at a fixed K: whether a draft is worth a round is priced per draft
+by the target, not per K by the goodput controller. This class checks the server at start
 (``vllm_checks``), starts the loop on the first request, and keeps sampled requests off the
 drafts: they run on vLLM's own decoding (exact by construction).
 """

@@ -38,7 +38,8 @@ from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker, che
 from draftgate.engine.frontend import Frontend, Sink
 from draftgate.errors import CapacityError
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_checks import VllmTargetError, connect
+from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, connect
+from draftgate.server.targets.vllm_wire import error_message
 from draftgate.types import SamplingParams, SpecStats
 
 __all__ = ["VllmPluginBackend", "VllmTargetError", "PROPOSER_DRAFTERS"]
@@ -65,6 +66,7 @@ class VllmPluginBackend(Frontend):
         max_queue: int = 256,
         timeout_s: float = 600.0,
         client: httpx.Client | None = None,
+        facts: ServerFacts | None = None,
     ) -> None:
         if proposer_drafter is not None and proposer_drafter not in PROPOSER_DRAFTERS:
             raise ValueError(
@@ -82,12 +84,13 @@ class VllmPluginBackend(Frontend):
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._lock = threading.Lock()
         self._running = 0
-        self.model_name, self.max_context, self.has_spec_metrics = self._connect()
+        self.model_name, self.max_context, self.has_spec_metrics = self._connect(facts)
 
     # ---------------------------------------------------------------- start-up checks
 
-    def _connect(self) -> tuple[str, int | None, bool]:
-        facts = connect(self.url, self._client, self.tokenizer)
+    def _connect(self, facts: ServerFacts | None) -> tuple[str, int | None, bool]:
+        """The server's facts (``facts``: already checked by the caller, else checked here)."""
+        facts = facts or connect(self.url, self._client, self.tokenizer)
         if not facts.proposer and self._drafter is not None:
             log.warning(
                 "vLLM at %s runs without speculative decoding: requests are served, nothing is drafted. Start it with "
@@ -180,7 +183,7 @@ class VllmPluginBackend(Frontend):
             with self._client.stream("POST", self.url + "/v1/completions", json=body) as r:
                 if r.status_code != 200:
                     r.read()
-                    raise VllmTargetError(f"vLLM answered HTTP {r.status_code}: {_message(r.text)}")
+                    raise VllmTargetError(f"vLLM answered HTTP {r.status_code}: {error_message(r.text)}")
                 for line in r.iter_lines():
                     if stop.is_set():
                         return
@@ -189,7 +192,7 @@ class VllmPluginBackend(Frontend):
                     obj = json.loads(line[len("data: ") :])
                     if "error" in obj:
                         raise VllmTargetError(
-                            f"vLLM failed the request: {_message(json.dumps(obj))}"
+                            f"vLLM failed the request: {error_message(json.dumps(obj))}"
                         )
                     choice = obj["choices"][0]
                     ids = [int(t) for t in choice.get("token_ids") or []]
@@ -219,12 +222,3 @@ def _finish(reason: object) -> str | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop"
-
-
-def _message(text: str) -> str:
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return text[:300]
-    err = obj.get("error", obj) if isinstance(obj, dict) else obj
-    return str(err.get("message", err) if isinstance(err, dict) else err)[:300]

@@ -89,12 +89,7 @@ class VllmRoundTarget:
         self.info = TargetInfo("vllm", tokenizer.vocab_size, max_context, exact_sampling=True)
         self.pricer = RoundPricer()
         self.token_timeout_s = token_timeout_s
-        self.scored = 0  # drafts scored on vLLM
-        self.declined = 0  # drafts not worth a round (decoded plainly)
-        self.fallbacks = 0  # scoring rounds that failed: the stream's tokens were emitted instead
-        self.disagreements = 0  # a row's argmax differed from vLLM's own decoding: the stream's token kept
-        self.uncomputed = 0  # rounds with rows vLLM had cached (their tokens taken from the stream)
-        self.cached_past = 0  # rounds that found their context cached past its end by another request
+        self.scored = 0  # drafts scored on vLLM (the rest decode plainly; requests' stats count both)
         self._seqs: dict[int, _Seq] = {}
         self._lock = threading.Lock()
         self._max_concurrent = max_concurrent
@@ -134,11 +129,6 @@ class VllmRoundTarget:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def counters(self) -> dict[str, int]:
-        return {"scored": self.scored, "declined": self.declined, "fallbacks": self.fallbacks,
-                "disagreements": self.disagreements, "uncomputed": self.uncomputed,
-                "cached_past": self.cached_past}  # fmt: skip
-
     # ---------------------------------------------------------------- rounds
 
     def _round(self, w: RoundWork) -> RoundDone:
@@ -152,7 +142,6 @@ class VllmRoundTarget:
                 if self.pricer.worth(w.draft.context, len(drafts)):
                     self.scored += 1
                     return self._scored(s, w, drafts)
-                self.declined += 1
             return self._plain(s, w, declined=bool(drafts))
         except (WireError, httpx.HTTPError, ValueError, KeyError) as e:
             self._drop(s)
@@ -174,8 +163,7 @@ class VllmRoundTarget:
         got = toks[s.checked : s.taken]
         base = s.stream.base + s.checked
         if list(w.history[base : base + len(got)]) != got:
-            self.disagreements += 1  # vLLM's decoding chose otherwise than its scored row: the history stands
-            return False
+            return False  # vLLM's decoding chose otherwise than its scored row: the history stands
         s.checked += len(got)
         return True
 
@@ -214,13 +202,12 @@ class VllmRoundTarget:
         n, ids = len(w.history), list(w.history) + drafts
         st = self._stream(s, w)
         ahead = st.snapshot()[s.taken :]
-        if ahead and ahead[0] != drafts[0]:  # the stream already answered: the first draft is wrong
-            return self._keep(s, w, drafts, ahead, t0, fallback=False)
+        if ahead and ahead[0] != drafts[0]:  # the stream already answered: the first draft is wrong, no request
+            return self._keep(s, w, drafts, ahead, t0, fallback=False, priced=False)
         try:
-            got = self.wire.score(ids, w.params.cache_salt)
+            got = self.wire.score(ids, w.params.cache_salt, from_row=n)
             rows = [_choice(got, ids, n + j) for j in range(len(drafts))]  # vLLM's argmax after history + drafts[:j]
         except (WireError, httpx.HTTPError) as e:  # an error, a timeout, a garbage row: never a wrong token
-            self.fallbacks += 1
             log.warning("vLLM scoring round failed (%s): the stream's tokens are emitted instead", e)
             return self._keep(s, w, drafts, self._next(s, w), t0, fallback=True)
         ahead = st.snapshot()[s.taken :]
@@ -231,7 +218,6 @@ class VllmRoundTarget:
         # prefilled again under a cache salt, which costs more than a 2-core CPU's rounds save.
         if sum(r is None for r in rows) > len(ahead) + 2:
             s.cached_past += 1
-            self.cached_past += 1
             return self._keep(s, w, drafts, self._next(s, w), t0, fallback=False, priced=False)
         choice: list[int] = []
         for j, row in enumerate(rows):
@@ -240,7 +226,6 @@ class VllmRoundTarget:
                     ahead = st.wait(s.taken + j + 1, self.token_timeout_s)[s.taken :]
                     if len(ahead) <= j:
                         raise WireError("vLLM's stream ended inside a round")
-                    self.uncomputed += 1
                 row = ahead[j]
             choice.append(row)
             if row != drafts[j]:
@@ -260,7 +245,6 @@ class VllmRoundTarget:
             while i < min(len(verified), len(ahead)) and verified[i] == ahead[i]:
                 i += 1
             if i < min(len(verified), len(ahead)):  # numerics: vLLM's own decoding is the reference
-                self.disagreements += 1
                 out = ahead[: i + 1]
             elif len(verified) > len(ahead):
                 out = verified

@@ -32,7 +32,10 @@ import httpx
 from draftgate.errors import DraftGateError
 from draftgate.types import SamplingParams
 
-__all__ = ["GENERATE", "VllmWire", "VllmStream", "Scored", "RowError", "GarbageRow", "WireError", "read_row", "top1"]
+__all__ = [
+    "GENERATE", "VllmWire", "VllmStream", "Scored", "RowError", "GarbageRow", "WireError", "error_message", "read_row",
+    "top1",
+]
 
 GENERATE = "/inference/v1/generate"
 
@@ -96,11 +99,12 @@ def top1(row: dict[int, tuple[float, int]]) -> int:
     return next(t for t, (_, rank) in row.items() if rank == 1)
 
 
-def _parse_rows(raw: object) -> list[dict[int, tuple[float, int]] | None]:
+def _parse_rows(raw: object, first: int) -> list[dict[int, tuple[float, int]] | None]:
+    """The rows from ``first`` on, parsed (those before it: None, never read)."""
     if not isinstance(raw, list):
         raise WireError("the answer has no prompt_logprobs list")
-    rows: list[dict[int, tuple[float, int]] | None] = []
-    for r in raw:
+    rows: list[dict[int, tuple[float, int]] | None] = [None] * min(first, len(raw))
+    for r in raw[first:]:
         if r is None:
             rows.append(None)
             continue
@@ -108,11 +112,12 @@ def _parse_rows(raw: object) -> list[dict[int, tuple[float, int]] | None]:
     return rows
 
 
-def _error_text(r: httpx.Response) -> str:
+def error_message(text: str) -> str:
+    """The message of a vLLM error body (its ``error.message``), else the body's start."""
     try:
-        obj = json.loads(r.text)
+        obj = json.loads(text)
     except ValueError:
-        return r.text[:300]
+        return text[:300]
     err = obj.get("error", obj) if isinstance(obj, dict) else obj
     return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
 
@@ -155,7 +160,7 @@ class VllmStream:
             resp = self._resp = self._cm.__enter__()
             if resp.status_code != 200:
                 resp.read()
-                raise WireError(f"vLLM answered HTTP {resp.status_code}: {_error_text(resp)}", resp.status_code)
+                raise WireError(f"vLLM answered HTTP {resp.status_code}: {error_message(resp.text)}", resp.status_code)
             for line in resp.iter_lines():
                 if self.finished:
                     return
@@ -221,8 +226,11 @@ class VllmWire:
         self.model = model
         self.timeout_s = timeout_s
 
-    def score(self, token_ids: Sequence[int], salt: str | None) -> Scored:
-        """One scoring request over token_ids (the prefix cache read; rows past it computed)."""
+    def score(self, token_ids: Sequence[int], salt: str | None, from_row: int = 0) -> Scored:
+        """One scoring request over token_ids (the prefix cache read; rows past it computed).
+
+        Only rows from ``from_row`` on are parsed: vLLM answers one per prompt token, the round
+        reads those of its drafts."""
         body: dict[str, Any] = {
             "model": self.model, "token_ids": list(token_ids),
             "sampling_params": {
@@ -234,13 +242,13 @@ class VllmWire:
             body["cache_salt"] = salt
         r = self.client.post(self.url, json=body, timeout=self.timeout_s)
         if r.status_code != 200:
-            raise WireError(f"vLLM answered HTTP {r.status_code}: {_error_text(r)}", r.status_code)
+            raise WireError(f"vLLM answered HTTP {r.status_code}: {error_message(r.text)}", r.status_code)
         try:
             obj = r.json()
             (tok,) = obj["choices"][0]["token_ids"]
             details = (obj.get("usage") or {}).get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens")
-            return Scored(_parse_rows(obj.get("prompt_logprobs")), int(tok), int(cached) if cached is not None else None)
+            return Scored(_parse_rows(obj.get("prompt_logprobs"), from_row), int(tok), int(cached) if cached is not None else None)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise WireError(f"vLLM's answer is malformed: {type(e).__name__}: {e}") from None
 
