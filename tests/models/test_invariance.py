@@ -10,11 +10,15 @@ behind (what later positions read).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import torch
 
 from draftgate.models import native
 from draftgate.models.batch import ForwardOutput
+from draftgate.models.gguf_blocks import load_blocks
 from draftgate.models.loader import LoadedModel
 from draftgate.models.native import LEVELS, NativeLib, cpu_level
 from draftgate.models.native_llama import NativeLlama
@@ -68,16 +72,23 @@ def check_invariance(runner: ModelRunner, model: LoadedModel) -> None:
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_real_model_logits_are_batch_invariant(real_model: LoadedModel, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "gguf"])
+def test_real_model_logits_are_batch_invariant(real_model: LoadedModel, dtype: torch.dtype | str) -> None:
+    """Every weight format the model runs in: float32, bfloat16 and its own Q4_1/Q8_0 blocks."""
     model = real_model
-    if dtype != torch.float32:
+    if dtype == "gguf":
+        cfg, cache = real_model.config, Path(__file__).resolve().parents[2] / ".cache" / "models"
+        assert real_model.gguf_path is not None
+        model = replace(real_model, blocks=load_blocks(real_model.gguf_path, cfg.num_heads, cfg.num_kv_heads, cache))
+    elif dtype != torch.float32:
         model = LoadedModel(
             model.config, {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.weights.items()},
             model.tokenizer, model.source,
         )  # fmt: skip
     runner = ModelRunner(model, num_blocks=64, block_size=16, enable_prefix_cache=False)
     assert runner.kernels is Kernels.NATIVE  # the CPU default
+    assert isinstance(runner.model, NativeLlama)
+    assert runner.model.weight_format == ("q4+q8" if dtype == "gguf" else str(dtype).removeprefix("torch."))
     check_invariance(runner, model)
     runner.kv.check_no_leaks()
 

@@ -285,7 +285,7 @@ def _execute(
     ecfg = replace(ecfg, max_batch=max(ecfg.max_batch, *a.concurrency))
 
     print(f"loading {ecfg.model} ...", file=sys.stderr)
-    loaded = load_model(ecfg.model, dtype=getattr(torch, ecfg.dtype), cache_dir=ecfg.cache_dir)
+    loaded = load_model(ecfg.model, dtype=ecfg.torch_dtype, cache_dir=ecfg.cache_dir, quantized=ecfg.quantized)
     result = _run_with_progress(build_arms(specs, ecfg, loaded), prompts, cfg)
 
     report = build_report(result, cfg, _meta(ecfg, path, len(prompts), a.argv))

@@ -63,7 +63,11 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
         help="smollm2-135m (bundled), a .gguf file or an HF folder" + (" (default: %(default)s)" if model_default else ""),
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument(
+        "--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights: auto runs a GGUF model's own quantization (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) on the native "
+        "kernels, float32 for HF folders; float32/bfloat16/float16 dequantize (default: %(default)s)",
+    )
     g.add_argument("--threads", type=_positive, default=None, help="CPU threads for the forward (default: all cores)")
     g.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"],
                    help="forward implementation (see `draftgate generate --help`) (default: %(default)s)")

@@ -12,8 +12,9 @@ from draftgate.models.runner import Kernels
 
 __all__ = ["DrafterKind", "EngineConfig", "DTYPES"]
 
-# The one table of weight dtypes a config may name.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The one table of weight dtypes a config may name. "auto": a GGUF model's own quantized blocks on
+# the native kernels (float32 for what they do not read, and on other kernels or HF folders).
+DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DrafterKind(str, enum.Enum):
@@ -52,6 +53,11 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def quantized(self) -> bool:
+        """Run a GGUF model's own quantized weights (``dtype: auto``)."""
+        return self.dtype == "auto"
+
     def validate(self) -> EngineConfig:
         if not isinstance(self.drafter, DrafterKind):
             raise ValueError(f"unknown drafter {self.drafter!r}; choose from {[d.value for d in DrafterKind]}")
@@ -66,7 +72,7 @@ class EngineConfig:
         if not isinstance(self.kernels, Kernels):
             raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.num_blocks < 1 or self.block_size < 1 or self.max_batch < 1 or self.max_queue < 1:
             raise ValueError("num_blocks, block_size, max_batch and max_queue must be positive")
         return self

@@ -69,7 +69,7 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
         except ImportError as e:
             raise ModelLoadError(str(e)) from e
     assert cfg.draft_model is not None
-    draft = load_model(cfg.draft_model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
+    draft = load_model(cfg.draft_model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     report = check_pair(target, draft)  # the same check as `draftgate check-pair`
     if not report.ok:
         reasons = "; ".join(f"{f.check}: {f.reason}" for f in report.errors)
@@ -111,7 +111,7 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
 def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelRunner:
     """The one place a model and its KV cache are built from config (engine, workers, drafts)."""
     if loaded is None:
-        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
+        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     runner = ModelRunner(
         loaded,
         device=cfg.device,
@@ -136,7 +136,7 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
     cfg.validate()
     if loaded is None:
-        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
+        loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     runner = build_runner(cfg, loaded)
     drafter = build_drafter(cfg, loaded)
     k = cfg.k if cfg.drafter != DrafterKind.NONE else 0

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig
+from draftgate.models.gguf_blocks import Blocks, hf_name, load_blocks, unpermute
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.tokenizer import TextTokenizer
 
@@ -37,8 +38,11 @@ class LoadedModel:
     weights: dict[str, torch.Tensor]  # HF names (model.layers.{i}.self_attn.q_proj.weight, ...), [out, in]
     tokenizer: TextTokenizer
     source: Path
-    # The original GGUF tensors (still quantized) for self-drafts; None for HF folders.
+    # The original GGUF file; None for HF folders.
     gguf_path: Path | None = None
+    # GGUF's own quantized blocks of the weights the native kernels read as they are (HF names), when
+    # loaded with ``quantized=True`` (``--dtype auto``); ``weights`` keeps their float32 values too.
+    blocks: dict[str, Blocks] | None = None
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -65,8 +69,9 @@ def resolve_model_path(name_or_path: str) -> Path:
 
 
 def load_model(
-    name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: Path | None = None
+    name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: Path | None = None, quantized: bool = False
 ) -> LoadedModel:
+    """Weights in ``dtype``; ``quantized``: a GGUF file's quantized blocks too (``LoadedModel.blocks``)."""
     path = resolve_model_path(name_or_path)
     try:
         if path.is_dir():
@@ -79,6 +84,13 @@ def load_model(
         raise
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    if quantized and loaded.gguf_path is not None:
+        cfg = loaded.config
+        try:
+            blocks = load_blocks(path, cfg.num_heads, cfg.num_kv_heads, cache_dir)
+        except (ValueError, KeyError, OSError, RuntimeError) as e:
+            raise ModelLoadError(f"cannot read the quantized blocks of {path}: {type(e).__name__}: {e}") from e
+        loaded = replace(loaded, blocks=blocks)
     if dtype != torch.float32:
         loaded = replace(
             loaded, weights={k: v.to(dtype) if v.is_floating_point() else v for k, v in loaded.weights.items()}
@@ -159,17 +171,6 @@ def save_hf_folder(model: LoadedModel, folder: Path) -> None:
 
 # ---------------------------------------------------------------------------- GGUF
 
-_GGUF_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 
 
 def gguf_fields(reader: Any) -> dict[str, Any]:
@@ -216,12 +217,6 @@ def gguf_config(fields: dict[str, Any], path: Path) -> ModelConfig:
         bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(int(e) for e in (eos, eot) if e is not None),
     )
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's converter permutation of Q/K rows (it interleaves RoPE halves)."""
-    rows, cols = w.shape
-    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
 def _cache_file(path: Path, cache_dir: Path | None) -> Path | None:
@@ -284,36 +279,27 @@ def dequantize_gguf(reader: Any, config: ModelConfig) -> dict[str, torch.Tensor]
     for t in reader.tensors:
         arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         arr = arr.reshape([int(s) for s in reversed(t.shape)])
-        name = t.name
-        if name == "token_embd.weight":
-            key = "model.embed_tokens.weight"
-        elif name == "output.weight":
-            key = "lm_head.weight"
-        elif name == "output_norm.weight":
-            key = "model.norm.weight"
-        elif name == "rope_freqs.weight":
-            key = "rope_freqs"
-        elif name.startswith("blk."):
-            _, i, part, _ = name.split(".", 3)
-            if part not in _GGUF_NAMES:
-                raise ModelLoadError(f"unexpected tensor {name} in GGUF file")
-            if part == "attn_q":
-                arr = _unpermute(arr, config.num_heads)
-            elif part == "attn_k":
-                arr = _unpermute(arr, config.num_kv_heads)
-            key = f"model.layers.{i}.{_GGUF_NAMES[part]}.weight"
-        else:
-            raise ModelLoadError(f"unexpected tensor {name} in GGUF file")
+        key, perm = hf_name(t.name)
+        if perm is not None:
+            arr = unpermute(arr, config.num_heads if perm == "q" else config.num_kv_heads)
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.array(arr, copy=True)  # F32 tensors come memory-mapped read-only
         weights[key] = torch.from_numpy(arr)
     return weights
 
 
+_LAYER_NAMES = [
+    *(f"self_attn.{n}_proj" for n in "qkvo"),
+    *(f"mlp.{n}_proj" for n in ("gate", "up", "down")),
+    "input_layernorm",
+    "post_attention_layernorm",
+]
+
+
 def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: Path) -> None:
     need = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(config.num_layers):
-        need += [f"model.layers.{i}.{n}.weight" for n in _GGUF_NAMES.values()]
+        need += [f"model.layers.{i}.{n}.weight" for n in _LAYER_NAMES]
     missing = [n for n in need if n not in weights]
     if missing:
         raise ModelLoadError(f"{src}: missing weights {missing[:3]}{'...' if len(missing) > 3 else ''}")

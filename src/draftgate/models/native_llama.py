@@ -11,9 +11,10 @@ Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md):
   own position only, so a position's logits are bitwise the same alone, in a K+1-row verify and
   in a ragged batch (tests/models/test_invariance.py checks it on the real model).
 
-Weights may be stored as float32, bfloat16 or float16; activations, the KV cache and every sum
-are float32, so reduced-precision weights keep the same invariance (speculation stays exact
-against plain decoding of the same weights).
+Weights may be stored as float32, bfloat16 or float16, or as a GGUF file's own quantized blocks
+(Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ``gguf_blocks``), dequantized in registers inside the product's
+tiles; activations, the KV cache and every sum are float32, so every format keeps the same
+invariance (speculation stays exact against plain decoding of the same weights).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from draftgate.models.batch import ForwardOutput, RaggedBatch
 from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.gguf_blocks import Blocks
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.native.build import NativeLib
 
@@ -35,7 +37,8 @@ __all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "PackedLinear", "pro
 NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-_SHARED: weakref.WeakValueDictionary[tuple[int, int], NativeLlama] = weakref.WeakValueDictionary()
+_SHARED: weakref.WeakValueDictionary[tuple[int, int, int], NativeLlama] = weakref.WeakValueDictionary()
+_FORMATS = {0: "float32", 1: "bfloat16", 2: "float16", 3: "q4", 4: "q8"}  # gemm.h's DType
 
 
 class NativeKVCache:
@@ -72,7 +75,9 @@ class NativeLlama:
     """Packed weights and the native forward. Holds no per-request state: KV lives in a NativeKVCache."""
 
     @classmethod
-    def shared(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib) -> NativeLlama:
+    def shared(
+        cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib, blocks: dict[str, Blocks] | None = None
+    ) -> NativeLlama:
         """One packed copy per loaded model in a process: runners built on the same weights share it.
 
         Each copy is the model's size again (538 MB for SmolLM2-135M in float32), and copies land
@@ -80,14 +85,17 @@ class NativeLlama:
         and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md). Safe to share: the forward keeps no state between calls.
         """
         embed = weights["model.embed_tokens.weight"]
-        key = (id(embed), id(lib))
+        key = (id(embed), id(lib), id(blocks) if blocks is not None else 0)
         hit = _SHARED.get(key)
-        if hit is not None and hit._source() is embed:
+        if hit is not None and hit._source() is embed and hit._blocks is blocks:
             return hit
-        model = _SHARED[key] = cls(cfg, weights, lib)
+        model = _SHARED[key] = cls(cfg, weights, lib, blocks)
         return model
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib, blocks: dict[str, Blocks] | None = None
+    ) -> None:
+        """``blocks``: run these weights (HF names) from their quantized blocks; the rest from ``weights``."""
         self.cfg = cfg
         self.lib = lib
         c = lib.cdll
@@ -96,6 +104,8 @@ class NativeLlama:
             raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {embed.dtype}")
         self.dtype = embed.dtype
         self._source = weakref.ref(embed)  # what ``shared`` matches (an id alone may be reused)
+        self._blocks = blocks
+        self.formats: dict[str, int] = {}  # packed products per storage format (float32, q4, ...)
         self._keep: list[torch.Tensor] = []  # tensors the C side points into
         self._packed: list[int] = []
         inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]
@@ -105,25 +115,28 @@ class NativeLlama:
         )  # fmt: skip
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])  # [(H+2Hkv)*D, C]
-            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])  # [2F, C]
+            pack = lambda *names: self._pack([weights[p + n + ".weight"] for n in names], [p + n + ".weight" for n in names])  # noqa: E731
             c.dg_model_set_layer(
                 self._model, i,
                 self._f32(weights[p + "input_layernorm.weight"]).data_ptr(),
                 self._f32(weights[p + "post_attention_layernorm.weight"]).data_ptr(),
-                self._pack(qkv), self._pack(weights[p + "self_attn.o_proj.weight"]),
-                self._pack(gate_up), self._pack(weights[p + "mlp.down_proj.weight"]),
+                pack("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # [(H+2Hkv)*D, C]
+                pack("self_attn.o_proj"), pack("mlp.gate_proj", "mlp.up_proj"),  # [2F, C]
+                pack("mlp.down_proj"),
             )  # fmt: skip
         # A distilled draft may predict a vocabulary subset: head [Vs, C], out_ids [Vs] -> token ids.
         self.out_ids: torch.Tensor | None = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
-        head = embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", embed)
+        head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        if head_name not in weights:
+            head_name = "model.embed_tokens.weight"
+        head = weights[head_name]
         tied = head is embed
         self.head_rows = head.shape[0]
         embed_ptr = None
         if not tied:  # the embedding is read row by row; a tied one is read from the packed head
             embed_ptr = self._keep_tensor(embed.contiguous()).data_ptr()
         c.dg_model_set_head(
-            self._model, self._f32(weights["model.norm.weight"]).data_ptr(), self._pack(head),
+            self._model, self._f32(weights["model.norm.weight"]).data_ptr(), self._pack([head], [head_name]),
             embed_ptr, NATIVE_DTYPES[embed.dtype], embed.shape[0],
         )  # fmt: skip
         weakref.finalize(self, _free, c, self._model, list(self._packed))
@@ -139,14 +152,34 @@ class NativeLlama:
     def _f32(self, t: torch.Tensor) -> torch.Tensor:
         return self._keep_tensor(t.detach().to(torch.float32).contiguous())
 
-    def _pack(self, w: torch.Tensor) -> int:  # [N, K] -> packed handle
-        w = w.detach().contiguous()
-        N, K = w.shape
-        h = self.lib.cdll.dg_pack(w.data_ptr(), NATIVE_DTYPES[w.dtype], N, K)
+    def _pack(self, parts: list[torch.Tensor], names: list[str]) -> int:
+        """The weights ``parts`` ([N_i, K] each) stacked into one product: from their quantized blocks
+        where ``blocks`` has every part, else from the float tensors."""
+        c = self.lib.cdll
+        qs = [self._blocks.get(n) for n in names] if self._blocks is not None else [None]
+        if all(b is not None for b in qs):
+            qb = [b for b in qs if b is not None]
+            data = [b.data.contiguous() for b in qb]  # copied into the tiles
+            ptrs = (ctypes.c_void_p * len(qb))(*[d.data_ptr() for d in data])
+            types = (ctypes.c_int * len(qb))(*[b.ggml_type for b in qb])
+            rows = (ctypes.c_int * len(qb))(*[b.N for b in qb])
+            h = c.dg_pack_gguf(len(qb), ptrs, types, rows, qb[0].K)
+            N, K = sum(b.N for b in qb), qb[0].K
+        else:
+            w = (parts[0] if len(parts) == 1 else torch.cat(parts)).detach().contiguous()
+            N, K = w.shape
+            h = c.dg_pack(w.data_ptr(), NATIVE_DTYPES[w.dtype], N, K)
         if not h:
-            raise MemoryError(f"packing a [{N}, {K}] weight failed: {self.lib.cdll.dg_last_error().decode()}")
+            raise MemoryError(f"packing a [{N}, {K}] weight failed: {c.dg_last_error().decode()}")
         self._packed.append(h)
+        fmt = _FORMATS[c.dg_packed_dtype(h)]
+        self.formats[fmt] = self.formats.get(fmt, 0) + 1
         return h
+
+    @property
+    def weight_format(self) -> str:
+        """The products' storage, e.g. ``float32`` or ``q4`` (``q4+q8``: mixed)."""
+        return "+".join(sorted(self.formats))
 
     def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> ForwardOutput:
         """Logits [R, V] float32 of the batch's logit rows (V: the full vocabulary) and their argmax."""

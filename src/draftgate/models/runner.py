@@ -81,7 +81,7 @@ class ModelRunner:
         self.cache: NativeKVCache | KVCache
         if self.kernels is Kernels.NATIVE:
             lib = load_library(build_dir or default_cache_dir())  # NativeUnavailable says what to do
-            self.model = NativeLlama.shared(loaded.config, loaded.weights, lib)
+            self.model = NativeLlama.shared(loaded.config, loaded.weights, lib, loaded.blocks)
             self.cache = NativeKVCache(loaded.config, num_blocks, block_size)
         else:
             self.model = LlamaModel(loaded.config, loaded.weights, self.device)

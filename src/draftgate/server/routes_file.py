@@ -298,5 +298,5 @@ def _model_key(model: str) -> str:
 
 
 def _load(cfg: EngineConfig) -> LoadedModel:
-    return load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir)
+    return load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
 

@@ -30,7 +30,7 @@ __all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "load_library", "LEVEL
 DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "pool.h", "simd.h", "head_step.h")
+_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "qgemm.h", "pool.h", "simd.h", "head_step.h")
 LEVELS = ("avx512", "avx2", "portable")
 _MARCH = {"avx512": ["-march=x86-64-v4"], "avx2": ["-march=x86-64-v3"], "portable": []}
 _FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread"]
@@ -143,6 +143,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "dg_set_threads": (None, [i, i]),
         "dg_threads": (i, []),
         "dg_pack": (p, [p, i, i, i]),
+        "dg_pack_gguf": (p, [i, p, p, p, i]),
+        "dg_unpack": (i, [p, p]),
+        "dg_packed_dtype": (i, [p]),
         "dg_packed_free": (None, [p]),
         "dg_packed_bytes": (i64, [p]),
         "dg_linear": (i, [p, p, i, p, i]),

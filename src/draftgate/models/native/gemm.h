@@ -40,10 +40,12 @@ constexpr int MR_MAX[3] = {0, 4, 4};
 #endif
 constexpr int NR = NV_TILE * VL;
 
-enum DType : int { F32 = 0, BF16 = 1, F16 = 2 };  // weight storage; compute is always fp32
+// Weight storage; compute is always fp32. Q4 and Q8 are the quantized tiles of qgemm.h.
+enum DType : int { F32 = 0, BF16 = 1, F16 = 2, Q4 = 3, Q8 = 4 };
 
 struct Packed {
   int N = 0, K = 0, dtype = F32;
+  int group = 0;  // quantized: weights per scale along K
   int nvec = 0;   // ceil(N / VL) column vectors
   int tiles = 0;  // ceil(nvec / NV_TILE)
   void* data = nullptr;
@@ -88,7 +90,12 @@ static inline float to_f32(const void* data, int dtype, size_t i) {
   return dtype == BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
+static void qunpack_row(const Packed* p, int n, float* out);  // qgemm.h
+static void qgemm(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
+                  int nthreads);
+
 static inline void unpack_row(const Packed* p, int n, float* out) {  // W[n, :] (for a tied embedding)
+  if (p->dtype >= Q4) return qunpack_row(p, n, out);
   int t = n / NR, c = n % NR, w = p->tile_width(t);
   for (int k = 0; k < p->K; k++) {
     size_t i = p->tile_offset(t) + size_t(k) * w + c;
@@ -193,7 +200,9 @@ static void gemm_part(const Packed* p, const float* x, int M, int ldx, float* y,
 
 static inline void gemm(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
                         int nthreads) {
-  if (p->dtype == BF16)
+  if (p->dtype >= Q4)
+    qgemm(p, x, M, ldx, y, ldy, add, tid, nthreads);
+  else if (p->dtype == BF16)
     gemm_part<bf16_t>(p, x, M, ldx, y, ldy, add, tid, nthreads);
   else if (p->dtype == F16)
     gemm_part<f16_t>(p, x, M, ldx, y, ldy, add, tid, nthreads);
@@ -202,3 +211,5 @@ static inline void gemm(const Packed* p, const float* x, int M, int ldx, float* 
 }
 
 }  // namespace dg
+
+#include "qgemm.h"  // the quantized tiles (uses the definitions above)

@@ -421,6 +421,23 @@ void* dg_pack(const void* w, int dtype, int N, int K) {
   return p;
 }
 
+// Rows of n_parts GGUF tensors (GGML block formats, each [rows[i], K]) stacked into one quantized Packed.
+void* dg_pack_gguf(int n_parts, const void* const* srcs, const int* types, const int* rows, int K) {
+  Packed* p = nullptr;
+  guarded([&] { p = pack_gguf(n_parts, srcs, types, rows, K); });
+  return p;
+}
+
+// Weights of a Packed as float32 [N, K] (tests: what the kernels multiply by).
+int dg_unpack(const void* p, float* out) {
+  auto* pk = static_cast<const Packed*>(p);
+  return guarded([&] {
+    for (int n = 0; n < pk->N; n++) unpack_row(pk, n, out + size_t(n) * pk->K);
+  });
+}
+
+int dg_packed_dtype(const void* p) { return static_cast<const Packed*>(p)->dtype; }
+
 void dg_packed_free(void* p) {
   auto* pk = static_cast<Packed*>(p);
   std::free(pk->data);
@@ -428,8 +445,7 @@ void dg_packed_free(void* p) {
 }
 
 int64_t dg_packed_bytes(const void* p) {
-  auto* pk = static_cast<const Packed*>(p);
-  return int64_t(pk->tiles) * NR * pk->K * int64_t(pk->elem());
+  return int64_t(packed_bytes(static_cast<const Packed*>(p)));
 }
 
 // y[M, N] = x[M, K] @ W^T (add != 0: y += ...), on the pool.

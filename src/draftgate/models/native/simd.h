@@ -134,6 +134,34 @@ static inline V vpow2i(V n) { DG_LANES(std::ldexp(1.0f, int(n.v[i]))); }
 static inline const char* isa_name() { return "portable"; }
 #endif
 
+// Quantized weight codes, VL of them as floats (exact: small integers). vq4: the low (hi = false)
+// or high nibbles of VL bytes; vq8: VL signed bytes.
+static inline V vq4(const uint8_t* p, bool hi) {
+#if defined(__AVX512F__)
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepi32_ps(hi ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(15)));
+#elif defined(__AVX2__)
+  __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtepi32_ps(hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15)));
+#else
+  V r;
+  for (int i = 0; i < VL; i++) r.v[i] = float(hi ? p[i] >> 4 : p[i] & 15);
+  return r;
+#endif
+}
+
+static inline V vq8(const int8_t* p) {
+#if defined(__AVX512F__)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  V r;
+  for (int i = 0; i < VL; i++) r.v[i] = float(p[i]);
+  return r;
+#endif
+}
+
 // The first n < VL floats at p, zeros in the other lanes (never reads past p + n).
 static inline V vload_n(const float* p, int n) {
 #if defined(__AVX512F__)

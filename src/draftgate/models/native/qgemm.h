@@ -1,0 +1,287 @@
+// Quantized weights in the few-row products of gemm.h: GGUF's own blocks (Q4_0, Q4_1, Q8_0, Q4_K,
+// Q6_K), repacked once into column tiles and dequantized in registers inside the microkernel.
+//
+// Every GGUF format here is "integer code q, per-group scale d and offset m along K": a weight is
+// d * q + m (m = 0 for the symmetric formats; K-quants' 6-bit sub-block scales multiply into d and
+// m exactly). The packer decodes each row into codes and per-group (d, m) and stores, per tile and
+// per group of G weights along K:
+//   d[w] float, m[w] float, then G code rows: Q4 packs two columns per byte (vector 0's column i in
+//   the low nibble of byte i, vector 1's in the high one: VL bytes a row); Q8 one signed byte each.
+// A tile is still one sequential stream, about 0.63-1.25 bytes a weight instead of 4.
+//
+// Invariance is gemm.h's: the microkernel dequantizes a weight vector (one FMA: q * d + m) and
+// runs the same fixed-order chunked reduction over k as the float kernel, whatever the row count.
+// Included by gemm.h (after Packed and the float kernel).
+#pragma once
+
+namespace dg {
+
+// ggml's type ids of the block formats the packer reads.
+enum GgmlType : int { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14 };
+
+static inline int qrow_bytes(const Packed* p, int w) { return p->dtype == Q4 ? VL : w; }
+static inline size_t qblock_bytes(const Packed* p, int w) { return size_t(8) * w + size_t(p->group) * qrow_bytes(p, w); }
+static inline size_t qtile_offset(const Packed* p, int t) { return size_t(t) * (p->K / p->group) * qblock_bytes(p, NR); }
+
+static inline size_t packed_bytes(const Packed* p) {
+  return p->dtype >= Q4 ? qtile_offset(p, p->tiles) : size_t(p->tiles) * NR * p->K * p->elem();
+}
+
+// Bytes of one row of K weights in a GGML block format (0: not a format the packer reads).
+static inline size_t ggml_row_bytes(int type, int K) {
+  switch (type) {
+    case GGML_Q4_0: return size_t(K / 32) * 18;
+    case GGML_Q4_1: return size_t(K / 32) * 20;
+    case GGML_Q8_0: return size_t(K / 32) * 34;
+    case GGML_Q4_K: return size_t(K / 256) * 144;
+    case GGML_Q6_K: return size_t(K / 256) * 210;
+    default: return 0;
+  }
+}
+
+static inline float f16_at(const uint8_t* b) { return f16_to_f32(uint16_t(b[0] | (b[1] << 8))); }
+
+// Q4_K's 6-bit scale and min of sub-block j (ggml's packing of 8 pairs into 12 bytes).
+static inline void q4k_scale_min(int j, const uint8_t* s, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// One row of K weights in GGML format `type` -> codes q[K] and (d, m) per group of G along K.
+static void decode_row(int type, const uint8_t* s, int K, int G, int* q, float* d, float* m) {
+  auto put = [&](int k0, int n, float dd, float mm) {
+    for (int k = k0; k < k0 + n; k += G) {
+      d[k / G] = dd;
+      m[k / G] = mm;
+    }
+  };
+  switch (type) {
+    case GGML_Q4_0:
+    case GGML_Q4_1:
+      for (int b = 0; b < K / 32; b++) {
+        const bool q41 = type == GGML_Q4_1;
+        const uint8_t* blk = s + size_t(b) * (q41 ? 20 : 18);
+        const uint8_t* qs = blk + (q41 ? 4 : 2);
+        float dd = f16_at(blk);
+        for (int j = 0; j < 16; j++) {
+          q[32 * b + j] = qs[j] & 15;
+          q[32 * b + j + 16] = qs[j] >> 4;
+        }
+        put(32 * b, 32, dd, q41 ? f16_at(blk + 2) : -8.0f * dd);
+      }
+      break;
+    case GGML_Q8_0:
+      for (int b = 0; b < K / 32; b++) {
+        const uint8_t* blk = s + size_t(b) * 34;
+        for (int j = 0; j < 32; j++) q[32 * b + j] = int8_t(blk[2 + j]);
+        put(32 * b, 32, f16_at(blk), 0.0f);
+      }
+      break;
+    case GGML_Q4_K:
+      for (int b = 0; b < K / 256; b++) {
+        const uint8_t* blk = s + size_t(b) * 144;
+        const float dd = f16_at(blk), dmin = f16_at(blk + 2);
+        const uint8_t *sc = blk + 4, *qs = blk + 16;
+        for (int j = 0; j < 4; j++) {  // 64 weights: the low nibbles of 32 bytes, then their high nibbles
+          int s1, m1, s2, m2;
+          q4k_scale_min(2 * j, sc, &s1, &m1);
+          q4k_scale_min(2 * j + 1, sc, &s2, &m2);
+          const int k0 = 256 * b + 64 * j;
+          for (int l = 0; l < 32; l++) {
+            q[k0 + l] = qs[32 * j + l] & 15;
+            q[k0 + 32 + l] = qs[32 * j + l] >> 4;
+          }
+          put(k0, 32, dd * float(s1), -(dmin * float(m1)));
+          put(k0 + 32, 32, dd * float(s2), -(dmin * float(m2)));
+        }
+      }
+      break;
+    case GGML_Q6_K:
+      for (int b = 0; b < K / 256; b++) {
+        const uint8_t* blk = s + size_t(b) * 210;
+        const float dd = f16_at(blk + 208);
+        for (int n = 0; n < 2; n++) {  // two halves of 128: ql[64], qh[32], scales[8] each
+          const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+          const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192) + 8 * n;
+          const int k0 = 256 * b + 128 * n;
+          for (int l = 0; l < 32; l++) {
+            q[k0 + l] = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            q[k0 + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            q[k0 + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            q[k0 + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          }
+          for (int g = 0; g < 8; g++) put(k0 + 16 * g, 16, dd * float(sc[g]), 0.0f);
+        }
+      }
+      break;
+    default:
+      throw std::invalid_argument("unsupported GGML type " + std::to_string(type));
+  }
+}
+
+// Pack the rows of n_parts GGML tensors, stacked (e.g. q, k, v), all [rows[i], K], into one Packed.
+// All 4-bit formats: Q4 tiles with groups of 32; otherwise Q8 tiles (groups of 16 if any is Q6_K).
+static Packed* pack_gguf(int n_parts, const void* const* srcs, const int* types, const int* rows, int K) {
+  bool all4 = true, any6 = false;
+  int N = 0;
+  for (int i = 0; i < n_parts; i++) {
+    const int t = types[i];
+    const int block = (t == GGML_Q4_K || t == GGML_Q6_K) ? 256 : 32;
+    if (ggml_row_bytes(t, 256) == 0) throw std::invalid_argument("unsupported GGML type " + std::to_string(t));
+    if (K % block != 0) throw std::invalid_argument("K = " + std::to_string(K) + " is not a multiple of the block size");
+    all4 = all4 && (t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q4_K);
+    any6 = any6 || t == GGML_Q6_K;
+    N += rows[i];
+  }
+  auto* p = new Packed();
+  p->N = N;
+  p->K = K;
+  p->dtype = all4 ? Q4 : Q8;
+  p->group = any6 ? 16 : 32;
+  p->nvec = (N + VL - 1) / VL;
+  p->tiles = (p->nvec + NV_TILE - 1) / NV_TILE;
+  const size_t bytes = packed_bytes(p);
+  p->data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  std::memset(p->data, 0, bytes);  // padded columns: d = m = 0, a zero weight
+  const int G = p->group, nb = K / G;
+  std::vector<int> q(K);
+  std::vector<float> d(nb), m(nb);
+  int n = 0;
+  for (int i = 0; i < n_parts; i++) {
+    const size_t rb = ggml_row_bytes(types[i], K);
+    for (int r = 0; r < rows[i]; r++, n++) {
+      decode_row(types[i], static_cast<const uint8_t*>(srcs[i]) + size_t(r) * rb, K, G, q.data(), d.data(), m.data());
+      const int t = n / NR, c = n % NR, w = p->tile_width(t), rw = qrow_bytes(p, w);
+      uint8_t* tile = static_cast<uint8_t*>(p->data) + qtile_offset(p, t);
+      for (int b = 0; b < nb; b++) {
+        uint8_t* blk = tile + size_t(b) * qblock_bytes(p, w);
+        reinterpret_cast<float*>(blk)[c] = d[b];
+        reinterpret_cast<float*>(blk)[w + c] = m[b];
+        uint8_t* codes = blk + size_t(8) * w;
+        for (int kk = 0; kk < G; kk++) {
+          const int code = q[b * G + kk];
+          if (p->dtype == Q4)
+            codes[kk * rw + c % VL] |= uint8_t(code << (c < VL ? 0 : 4));
+          else
+            codes[kk * rw + c] = uint8_t(int8_t(code));
+        }
+      }
+    }
+  }
+  return p;
+}
+
+static void qunpack_row(const Packed* p, int n, float* out) {
+  const int t = n / NR, c = n % NR, w = p->tile_width(t), rw = qrow_bytes(p, w), G = p->group;
+  const uint8_t* tile = static_cast<const uint8_t*>(p->data) + qtile_offset(p, t);
+  for (int k = 0; k < p->K; k++) {
+    const uint8_t* blk = tile + size_t(k / G) * qblock_bytes(p, w);
+    const float d = reinterpret_cast<const float*>(blk)[c], m = reinterpret_cast<const float*>(blk)[w + c];
+    const uint8_t code = blk[size_t(8) * w + size_t(k % G) * rw + (p->dtype == Q4 ? c % VL : c)];
+    const int q = p->dtype == Q4 ? (c < VL ? code & 15 : code >> 4) : int(int8_t(code));
+    out[k] = float(q) * d + m;
+  }
+}
+
+// One register block over a quantized tile: MR rows x NV vectors starting at the tile's vector j0.
+template <int MR, int NV, int FMT>
+static void qmicrokernel(const float* x, int ldx, const uint8_t* tile, int w, int j0, int K, int G, float* y, int ldy,
+                         int ncols, bool add) {
+  const int rw = FMT == Q4 ? VL : w;
+  const size_t bb = size_t(8) * w + size_t(G) * rw;
+  V acc[MR][NV];
+  alignas(64) float tot[MR][NV * VL];
+  for (int k0 = 0; k0 < K; k0 += KC) {
+    for (int r = 0; r < MR; r++)
+      for (int j = 0; j < NV; j++) acc[r][j] = vzero();
+    const int k1 = std::min(K, k0 + KC);
+    for (int kb = k0; kb < k1; kb += G) {
+      const uint8_t* blk = tile + size_t(kb / G) * bb;
+#if defined(__AVX512F__) || defined(__AVX2__)
+      for (size_t b = 0; b < bb; b += 64) _mm_prefetch(reinterpret_cast<const char*>(blk) + DG_PREFETCH_BYTES + b, DG_PREFETCH_HINT);
+#endif
+      const float* dm = reinterpret_cast<const float*>(blk);
+      V d[NV], m[NV];
+      for (int j = 0; j < NV; j++) {
+        d[j] = vload(dm + (j0 + j) * VL);
+        m[j] = vload(dm + w + (j0 + j) * VL);
+      }
+      const uint8_t* codes = blk + size_t(8) * w;
+      for (int k = kb; k < kb + G; k++) {
+        const uint8_t* row = codes + size_t(k - kb) * rw;
+        V wv[NV];
+        for (int j = 0; j < NV; j++) {
+          V qv = FMT == Q4 ? vq4(row, j0 + j > 0) : vq8(reinterpret_cast<const int8_t*>(row) + (j0 + j) * VL);
+          wv[j] = vfma(qv, d[j], m[j]);
+        }
+        for (int r = 0; r < MR; r++) {
+          V b = vset1(x[size_t(r) * ldx + k]);
+          for (int j = 0; j < NV; j++) acc[r][j] = vfma(b, wv[j], acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < MR; r++)
+      for (int j = 0; j < NV; j++)
+        vstore(&tot[r][j * VL], k0 == 0 ? acc[r][j] : vadd(vload(&tot[r][j * VL]), acc[r][j]));
+  }
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NV; j++) {
+      float* out = y + size_t(r) * ldy + j * VL;
+      V t = vload(&tot[r][j * VL]);
+      int valid = ncols - j * VL;
+      if (valid >= VL) {
+        vstore(out, add ? vadd(vload(out), t) : t);
+      } else if (valid > 0) {
+        for (int i = 0; i < valid; i++) out[i] = add ? out[i] + tot[r][j * VL + i] : tot[r][j * VL + i];
+      }
+    }
+}
+
+using QMicroFn = void (*)(const float*, int, const uint8_t*, int, int, int, int, float*, int, int, bool);
+
+template <int FMT, int NV, int... MRs>
+static QMicroFn qpick_mr(int mr, std::integer_sequence<int, MRs...>) {
+  static constexpr QMicroFn table[] = {qmicrokernel<MRs + 1, NV, FMT>...};
+  return table[mr - 1];
+}
+
+template <int FMT>
+static QMicroFn qpick(int mr, int nv) {
+  if (nv == 1) return qpick_mr<FMT, 1>(mr, std::make_integer_sequence<int, MR_MAX[1]>{});
+  return qpick_mr<FMT, 2>(mr, std::make_integer_sequence<int, MR_MAX[2]>{});
+}
+
+// This thread's share of y (+)= x @ W^T, as gemm_part.
+template <int FMT>
+static void qgemm_part(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
+                       int nthreads) {
+  const uint8_t* base = static_cast<const uint8_t*>(p->data);
+  int v0 = int(int64_t(p->nvec) * tid / nthreads), v1 = int(int64_t(p->nvec) * (tid + 1) / nthreads);
+  while (v0 < v1) {
+    int t = v0 / NV_TILE, in_tile = v0 - t * NV_TILE;
+    int nv = std::min({v1 - v0, p->nvec - v0, NV_TILE - in_tile});
+    int w = p->tile_width(t), col = v0 * VL;
+    for (int r0 = 0; r0 < M;) {
+      int mr = std::min(M - r0, MR_MAX[NV_TILE]);
+      qpick<FMT>(mr, nv)(x + size_t(r0) * ldx, ldx, base + qtile_offset(p, t), w, in_tile, p->K, p->group,
+                         y + size_t(r0) * ldy + col, ldy, p->N - col, add);
+      r0 += mr;
+    }
+    v0 += nv;
+  }
+}
+
+static void qgemm(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
+                  int nthreads) {
+  if (p->dtype == Q4)
+    qgemm_part<Q4>(p, x, M, ldx, y, ldy, add, tid, nthreads);
+  else
+    qgemm_part<Q8>(p, x, M, ldx, y, ldy, add, tid, nthreads);
+}
+
+}  // namespace dg
