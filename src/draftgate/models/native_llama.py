@@ -115,7 +115,11 @@ class NativeLlama:
         )  # fmt: skip
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            pack = lambda *names: self._pack([weights[p + n + ".weight"] for n in names], [p + n + ".weight" for n in names])  # noqa: E731
+
+            def pack(*names: str, p: str = p) -> int:
+                keys = [p + n + ".weight" for n in names]
+                return self._pack([weights[k] for k in keys], keys)
+
             c.dg_model_set_layer(
                 self._model, i,
                 self._f32(weights[p + "input_layernorm.weight"]).data_ptr(),
