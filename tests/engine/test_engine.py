@@ -12,6 +12,8 @@ import asyncio
 import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from engine_support import (
@@ -36,7 +38,8 @@ from draftgate.drafters.base import Draft, DraftRequest
 from draftgate.drafters.eagle import shipped_head
 from draftgate.engine import Chunk, DrafterKind, Engine, EngineConfig, build_engine
 from draftgate.engine.factory import build_drafter
-from draftgate.errors import BadRequestError, CapacityError
+from draftgate.errors import BadRequestError, CapacityError, ModelLoadError
+from draftgate.models.gguf_blocks import load_blocks
 from draftgate.models.loader import LoadedModel
 from draftgate.types import SamplingParams
 
@@ -46,6 +49,7 @@ CHAT = "Write a short poem about the sea."
 SHORT = "What is the capital of France? Answer briefly."
 REAL_PROMPTS = [GROUNDED, CODE, CHAT, SHORT]
 REAL_NEW = 24
+MODEL_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "models"  # as the real_model fixture
 BATCH_NEW = 16  # the 12-config batch matrix: greedy, so plain's first 16 tokens
 SPEC = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO, DrafterKind.EAGLE]  # eagle: the shipped head
 KS: list[int | None] = [1, 4, 8, None]
@@ -164,7 +168,6 @@ def test_real_auto_takes_the_shipped_head_unless_told_not_to(real_model: LoadedM
     """auto's default on an embedded target with a shipped head: lookups plus the head; 'none': lookups only."""
     from draftgate.drafters.auto import AutoDrafter
     from draftgate.drafters.eagle import EagleDrafter
-    from draftgate.errors import ModelLoadError
 
     default = build_drafter(EngineConfig(drafter=DrafterKind.AUTO), real_model)
     off = build_drafter(EngineConfig(drafter=DrafterKind.AUTO, draft_head="none"), real_model)
@@ -205,6 +208,59 @@ def test_real_bfloat16_speculation_equals_bfloat16_plain(
         res = run_batch(eng, prompts, params)
     assert [r.token_ids for r in res] == plain
     assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"
+
+
+def _real_blocks(real_model: LoadedModel) -> LoadedModel:
+    """SmolLM2 with its GGUF's own Q4_1/Q8_0 blocks (what --dtype auto loads)."""
+    c = real_model.config
+    assert real_model.gguf_path is not None
+    return replace(real_model, blocks=load_blocks(real_model.gguf_path, c.num_heads, c.num_kv_heads, MODEL_CACHE))
+
+
+@pytest.fixture(scope="module")
+def real_q4_engine(real_model: LoadedModel) -> Iterator[Engine]:
+    """Plain decoding on SmolLM2's own quantization (Q4_1 products, Q8_0 embedding and head)."""
+    cfg = EngineConfig(drafter=DrafterKind.NONE, dtype="auto", num_blocks=160, max_batch=8, cache_dir=MODEL_CACHE)
+    engine = build_engine(cfg, loaded=_real_blocks(real_model)).start()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(("kind", "k"), [(DrafterKind.SUFFIX, 4), (DrafterKind.AUTO, None)], ids=["suffix-K4", "auto-Kauto"])
+def test_real_quantized_speculation_equals_quantized_plain(
+    real_q4_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
+) -> None:
+    """GGUF's own quantization stays exact: the quantized products are batch invariant too."""
+    params = SamplingParams(max_new_tokens=REAL_NEW)
+    prompts = [real_ids[p] for p in REAL_PROMPTS]
+    plain = [real_q4_engine.complete(ids, params).token_ids for ids in prompts]
+    with running(spec_engine(real_q4_engine, real_model, kind, k)) as eng:
+        res = run_batch(eng, prompts, params)
+    assert [r.token_ids for r in res] == plain
+    assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"
+
+
+@pytest.mark.real_model
+def test_real_quant_self_draft_equals_plain(
+    real_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], real_plain: dict[str, list[int]]
+) -> None:
+    """The float32 target drafted by its own Q4 copy (no llama.cpp): exact, and mostly accepted."""
+    cfg = EngineConfig(drafter=DrafterKind.QUANT, k=4, cache_dir=MODEL_CACHE).validate()
+    drafter = build_drafter(cfg, real_model)
+    assert drafter is not None and drafter.name == "quant"
+    params = SamplingParams(max_new_tokens=REAL_NEW)
+    with running(engine_with(real_engine, drafter, k=4)) as eng:
+        res = run_batch(eng, [real_ids[p] for p in REAL_PROMPTS], params)
+    assert [r.token_ids for r in res] == [real_plain[p] for p in REAL_PROMPTS]
+    accepted = sum(r.stats.accepted_tokens for r in res)
+    drafted = sum(r.stats.draft_tokens for r in res)
+    assert drafted > 0 and accepted / drafted > 0.5, (accepted, drafted)
+
+
+def test_quant_self_draft_refuses_an_already_quantized_target(real_model: LoadedModel) -> None:
+    with pytest.raises(ModelLoadError, match="--dtype auto already runs"):
+        build_drafter(EngineConfig(drafter=DrafterKind.QUANT, dtype="auto"), _real_blocks(real_model))
 
 
 @pytest.mark.real_model

@@ -1,6 +1,7 @@
-"""Model drafters: a small Llama-family model on our runner, or the target's GGUF in llama.cpp.
+"""Model drafters: a small Llama-family model on our runner (``model``), or the target's own quantized
+copy on the same kernels (``quant``).
 
-Both keep their own KV per sequence and roll it back in step with the target:
+The drafter keeps its own KV per sequence and rolls it back in step with the target:
 before drafting, the KV is truncated to the longest common prefix of what it
 holds and the sequence's current history, and the missing tokens are fed.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -17,7 +17,7 @@ from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.sampling import logits_to_probs, sample_from_probs
 
-__all__ = ["ModelDrafter", "LlamaCppDrafter", "common_prefix", "derive_seed"]
+__all__ = ["ModelDrafter", "common_prefix", "derive_seed"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -150,81 +150,3 @@ def _stack_q(qs: list) -> torch.Tensor | SparseQ | None:  # type: ignore[type-ar
         ids_t[i, : ids.shape[0]] = ids
         probs_t[i, : probs.shape[0]] = probs
     return SparseQ(ids_t, probs_t)
-
-
-class LlamaCppDrafter:
-    """The target's own quantized GGUF weights run by llama.cpp as a greedy draft (one-hot q).
-
-    llama.cpp's Q4 kernels cost ~0.16 of a torch fp32 target step here and agree with
-    the fp32 target on 96-99% of greedy tokens. One llama.cpp context per sequence,
-    up to ``max_seqs``; sequences beyond that get no drafts (plain decoding).
-    """
-
-    sampled_q = False  # greedy drafts only
-    abilities = Abilities()  # none beyond the protocol
-
-    def __init__(self, gguf_path: str, n_ctx: int = 4096, max_seqs: int = 4, n_threads: int | None = None) -> None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError as e:
-            raise ImportError(
-                "drafter 'quant' needs llama-cpp-python: `make llamacpp` (builds it, ~11 min on 2 cores)"
-            ) from e
-        self.name = "quant"
-        self._path = gguf_path
-        self._n_ctx = n_ctx
-        self._n_threads = n_threads or torch.get_num_threads()
-        self._free: list[Any] = []
-        self._ctx: dict[int, Any] = {}
-        self._max = max_seqs
-
-    def _get(self, seq_id: int) -> Any | None:
-        if seq_id in self._ctx:
-            return self._ctx[seq_id]
-        if len(self._ctx) >= self._max:
-            return None
-        if self._free:
-            llm = self._free.pop()
-        else:
-            from llama_cpp import Llama
-
-            llm = Llama(self._path, n_ctx=self._n_ctx, n_threads=self._n_threads, verbose=False)
-        llm.n_tokens = 0
-        self._ctx[seq_id] = llm
-        return llm
-
-    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        out = []
-        for r in requests:
-            llm = self._get(r.seq_id) if r.k > 0 else None
-            if llm is None or len(r.tokens) + r.k >= self._n_ctx:
-                out.append(Draft([]))
-                continue
-            hist = list(r.tokens)
-            held = list(llm.input_ids[: llm.n_tokens])
-            n = min(common_prefix(held, hist), len(hist) - 1)
-            llm.n_tokens = n
-            llm.eval(hist[n:])
-            toks: list[int] = []
-            for i in range(r.k):
-                t = int(self._last_logits(llm).argmax())
-                toks.append(t)
-                if i < r.k - 1:
-                    llm.eval([t])
-            out.append(Draft(toks))
-        return out
-
-    @staticmethod
-    def _last_logits(llm: Any) -> Any:
-        """Logits [V] of the last evaluated token (llama-cpp-python keeps no copy without logits_all)."""
-        import numpy as np
-
-        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-
-    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
-        pass
-
-    def release(self, seq_id: int) -> None:
-        llm = self._ctx.pop(seq_id, None)
-        if llm is not None:
-            self._free.append(llm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -12,12 +13,13 @@ from draftgate.drafters.base import Drafter
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.engine import Engine
 from draftgate.errors import ModelLoadError
+from draftgate.models.gguf_blocks import load_blocks, quantize
 from draftgate.models.loader import LoadedModel, load_model
 from draftgate.models.native import load_library
 from draftgate.models.runner import Kernels, ModelRunner
 from draftgate.paths import default_cache_dir
 
-__all__ = ["build_engine", "build_drafter", "build_runner", "NO_HEAD"]
+__all__ = ["build_engine", "build_drafter", "build_runner", "quant_copy", "NO_HEAD"]
 
 NO_HEAD = "none"  # --draft-head none: auto drafts from lookups only
 
@@ -57,17 +59,12 @@ def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
 
 
 def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
-    """`model`: a separate draft model on our runner; `quant`: the target's GGUF in llama.cpp."""
-    from draftgate.drafters.model import LlamaCppDrafter, ModelDrafter
+    """`model`: a separate draft model on our runner; `quant`: the target's own quantized copy on it."""
+    from draftgate.drafters.model import ModelDrafter
     from draftgate.modelinfo.pairing import check_pair
 
     if cfg.drafter == DrafterKind.QUANT:
-        if target.gguf_path is None:
-            raise ModelLoadError("drafter 'quant' needs a GGUF target (its quantized weights are the draft)")
-        try:
-            return LlamaCppDrafter(str(target.gguf_path))
-        except ImportError as e:
-            raise ModelLoadError(str(e)) from e
+        return ModelDrafter(build_runner(cfg, quant_copy(cfg, target)), name="quant")
     assert cfg.draft_model is not None
     draft = load_model(cfg.draft_model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     report = check_pair(target, draft)  # the same check as `draftgate check-pair`
@@ -106,6 +103,32 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
             "drop --draft-head for auto on a remote target"
         )
     return _eagle(cfg, target)
+
+
+def quant_copy(cfg: EngineConfig, target: LoadedModel) -> LoadedModel:
+    """The target with quantized weights for the ``quant`` self-draft: a GGUF file's own blocks, else
+    Q4_1 products and a Q8_0 embedding/head quantized here (about a quarter of float32's bytes)."""
+    dtype = target.weights["model.embed_tokens.weight"].dtype
+    if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is not Kernels.NATIVE:
+        raise ModelLoadError("drafter 'quant' runs on the native CPU kernels; drop --kernels torch or use --device cpu")
+    if target.blocks is not None:
+        raise ModelLoadError(
+            "drafter 'quant' drafts for a float target with its own quantized copy, and --dtype auto already runs "
+            "the model's quantization: use --dtype float32 or bfloat16 with it, or another drafter"
+        )
+    c = target.config
+    if target.gguf_path is not None:
+        blocks = load_blocks(target.gguf_path, c.num_heads, c.num_kv_heads, cfg.cache_dir)
+    else:
+        try:
+            blocks = {
+                k: quantize(w, "q8_0" if k in ("model.embed_tokens.weight", "lm_head.weight") else "q4_1")
+                for k, w in target.weights.items()
+                if w.ndim == 2 and w.is_floating_point()
+            }
+        except ValueError as e:
+            raise ModelLoadError(f"drafter 'quant' cannot quantize {target.source}: {e}") from e
+    return replace(target, blocks=blocks)
 
 
 def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelRunner:
