@@ -3,6 +3,9 @@ bitwise the same at every row count in every format and at every instruction-set
 
 The reference for decoding is the ``gguf`` package's own dequantization of the same bytes; the
 reference for invariance is the one-row product, compared with torch.equal.
+
+With AVX-512 VNNI the kernels quantize each row's activations to 8 bits per group and multiply in
+integers (``avx512vnni``); the other levels multiply float activations by dequantized weights.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ def test_quantize_rounds_each_weight_to_its_block_grid(fmt: str) -> None:
     assert (err <= step * 0.51 + 1e-4).all()
 
 
+def quantize_rows(x: torch.Tensor, G: int) -> torch.Tensor:
+    """x as the integer kernel sees it: per group of G, dx * round(x * 127 / amax) (half to even)."""
+    g = x.reshape(x.shape[0], -1, G)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(g * inv).clamp(-127, 127) * (amax / 127.0)).reshape(x.shape)
+
+
 def _levels_here() -> list[str]:
     return list(LEVELS[LEVELS.index(cpu_level()) :])
 
@@ -105,7 +116,8 @@ def _levels_here() -> list[str]:
 @pytest.mark.parametrize("level", _levels_here())
 @pytest.mark.parametrize("fmt", [*FORMATS, "mixed"])
 def test_products_are_batch_invariant_in_every_format_and_level(level: str, fmt: str, tmp_path) -> None:
-    """Row i of an M-row product is bitwise row i alone, M = 1..17, and x @ W^T to float32 rounding."""
+    """Row i of an M-row product is bitwise row i alone, M = 1..17, and x @ W^T to float32 rounding
+    (with x in 8 bits per group on the integer kernel, as llama.cpp multiplies)."""
     lib = native.load_library(tmp_path, level=level)
     K = 768  # 24 groups of 32: three KC chunks
     if fmt == "mixed":
@@ -119,8 +131,10 @@ def test_products_are_batch_invariant_in_every_format_and_level(level: str, fmt:
         got = p(x[:m])
         bad = [i for i in range(m) if not torch.equal(got[i], alone[i])]
         assert not bad, f"{fmt} at {level}: rows {bad} of a {m}-row product differ from one-row products"
-    w = p.weights().double()
-    ref, scale = x.double() @ w.T, x.double().abs() @ w.abs().T  # the exact product and its rounding scale
+    w, xs = p.weights().double(), x
+    if level == "avx512vnni":  # the integer kernel multiplies by x quantized to 8 bits per group
+        xs = quantize_rows(x, 16 if fmt in ("Q6_K", "mixed") else 32)
+    ref, scale = xs.double() @ w.T, xs.double().abs() @ w.abs().T  # the exact product and its rounding scale
     assert ((alone.double() - ref).abs() <= 1e-5 * scale).all()
 
 

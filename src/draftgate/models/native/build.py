@@ -1,7 +1,8 @@
 """Compile the native kernels for this CPU once, cache the library, load it with ctypes.
 
 The C++ sources beside this file are compiled on first use with the system C++ compiler (about
-5 s) for the best instruction set this CPU has: ``avx512`` (x86-64-v4), ``avx2`` (x86-64-v3:
+5 s) for the best instruction set this CPU has: ``avx512vnni`` (x86-64-v4 and AVX-512 VNNI: the
+quantized products use 8-bit integer dot products), ``avx512`` (x86-64-v4), ``avx2`` (x86-64-v3:
 AVX2, FMA, F16C) or ``portable`` (plain C++). The CPU of a machine can change between runs (a
 cloud VM), so the level is detected every time and is part of the cache key with the sources,
 the flags and the compiler's version. No flag may reorder floating-point sums
@@ -31,8 +32,13 @@ DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
 _SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "qgemm.h", "pool.h", "simd.h", "head_step.h")
-LEVELS = ("avx512", "avx2", "portable")
-_MARCH = {"avx512": ["-march=x86-64-v4"], "avx2": ["-march=x86-64-v3"], "portable": []}
+LEVELS = ("avx512vnni", "avx512", "avx2", "portable")
+_MARCH = {
+    "avx512vnni": ["-march=x86-64-v4", "-mavx512vnni"],
+    "avx512": ["-march=x86-64-v4"],
+    "avx2": ["-march=x86-64-v3"],
+    "portable": [],
+}
 _FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-pthread"]
 _FLAGS += ["-Wall", "-Wno-maybe-uninitialized", "-Wno-uninitialized"]  # gcc 12 false positives in intrinsics
 
@@ -54,7 +60,7 @@ def cpu_level() -> str:
     except OSError:
         return "portable"
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags:
-        return "avx512"
+        return "avx512vnni" if "avx512_vnni" in flags else "avx512"
     if {"avx2", "fma", "f16c", "bmi2"} <= flags:
         return "avx2"
     return "portable"

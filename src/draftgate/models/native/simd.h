@@ -78,7 +78,13 @@ static inline V vpow2i(V n) {  // 2^n for integral n in [-126, 127]
   __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_castsi512_ps(e);
 }
-static inline const char* isa_name() { return "avx512"; }
+static inline const char* isa_name() {
+#if defined(__AVX512VNNI__)
+  return "avx512vnni";  // + 8-bit integer dot products (qgemm.h's quantized path)
+#else
+  return "avx512";
+#endif
+}
 #elif defined(__AVX2__)
 constexpr int VL = 8;
 using V = __m256;
