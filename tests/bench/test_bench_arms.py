@@ -85,19 +85,6 @@ def test_parse_arms_rejects_duplicates_and_empty():
         parse_arms(" , ")
 
 
-def test_llamacpp_missing_is_a_clear_error(tiny_model):
-    pytest.importorskip("transformers")
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        from draftgate.bench.peers import build_peer
-
-        with pytest.raises(ArmError, match="pip install llama-cpp-python"):
-            build_peer(parse_arm("llamacpp"), tiny_model, "cpu")
-    else:
-        pytest.skip("llama-cpp-python is installed")
-
-
 def _sse_server(requests: list[dict]):
     httpx = pytest.importorskip("httpx")
 

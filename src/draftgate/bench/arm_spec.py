@@ -11,10 +11,12 @@ Arm names on the command line:
 - ``openai+http://HOST:PORT[/v1][?model=NAME]``: an external OpenAI-compatible
   server, streamed over SSE from ``/v1/completions`` (see :mod:`draftgate.bench.remote`);
 - ``hf``, ``hf-lookup[:k=N]``, ``llamacpp``: peer implementations on the same
-  model (see :mod:`draftgate.bench.peers`); they run one request at a time.
+  model (see :mod:`draftgate.bench.peers`); they run one request at a time. ``llamacpp``
+  is llama.cpp's ``llama-server`` on the model's GGUF file, started for the run and
+  streamed like an ``openai+http`` arm (:mod:`draftgate.bench.llama_server`).
 
-The arm implementations (``arms``, ``remote``, ``peers``) import this module; it imports none
-of them.
+The arm implementations (``arms``, ``remote``, ``peers``, ``llama_server``) import this module;
+it imports none of them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class ArmKind(str, enum.Enum):
     OPENAI = "openai"  # an external OpenAI-compatible server
     HF = "hf"  # transformers generate(), plain
     HF_LOOKUP = "hf-lookup"  # transformers generate() with prompt lookup decoding
-    LLAMACPP = "llamacpp"  # llama-cpp-python on the GGUF file
+    LLAMACPP = "llamacpp"  # llama.cpp's llama-server on the GGUF file (make llamacpp)
 
 
 _ENGINE_NAMES = {

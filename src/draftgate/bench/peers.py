@@ -3,10 +3,12 @@
 - ``hf`` / ``hf-lookup``: transformers' ``LlamaForCausalLM.generate()`` built from
   our loaded weights in memory (no second download; same token ids from our
   tokenizer), plain or with prompt lookup decoding (``prompt_lookup_num_tokens``).
-- ``llamacpp``: llama-cpp-python on the model's GGUF file (its own quantized
-  kernels, so its greedy output may legitimately differ from the fp32 engine's).
+- ``llamacpp``: llama.cpp's own ``llama-server`` on the model's GGUF file, started for
+  the run and streamed as an ``openai+http`` arm (:mod:`draftgate.bench.llama_server`;
+  ``make llamacpp`` builds it). Its own quantized kernels, so its greedy output may
+  legitimately differ from the fp32 engine's.
 
-Each runs its blocking ``generate`` in a worker thread and streams tokens back to
+The hf arms run their blocking ``generate`` in a worker thread and stream tokens back to
 the event loop; peers serve one request at a time (the runner only uses them at
 concurrency 1).
 """
@@ -16,27 +18,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
 
 from draftgate.bench.arm_spec import ArmError, ArmKind, ArmSpec, Piece
+from draftgate.bench.llama_server import LlamaServerArm
 from draftgate.models.loader import LoadedModel
 from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams
 
-__all__ = ["build_peer", "build_hf_model", "HFArm", "LlamaCppArm"]
+__all__ = ["build_peer", "build_hf_model", "HFArm"]
 
 _DONE = object()
 
 
-def build_peer(spec: ArmSpec, loaded: LoadedModel, device: str) -> HFArm | LlamaCppArm:
+def build_peer(spec: ArmSpec, loaded: LoadedModel, device: str) -> HFArm | LlamaServerArm:
     if spec.kind in (ArmKind.HF, ArmKind.HF_LOOKUP):
         return HFArm(spec, loaded, device)
     if spec.kind == ArmKind.LLAMACPP:
-        return LlamaCppArm(spec, loaded)
+        return LlamaServerArm(spec, loaded)
     raise ArmError(f"arm {spec.name}: not a peer arm")
 
 
@@ -174,53 +176,3 @@ class HFArm:
     def close(self) -> None:
         self._model = None
 
-
-class LlamaCppArm:
-    def __init__(self, spec: ArmSpec, loaded: LoadedModel) -> None:
-        try:
-            import llama_cpp
-        except ImportError:
-            raise ArmError(
-                "arm llamacpp needs llama-cpp-python, which is not installed: pip install llama-cpp-python"
-            ) from None
-        path = loaded.gguf_path or (
-            loaded.source if Path(loaded.source).suffix == ".gguf" else None
-        )
-        if path is None:
-            raise ArmError(f"arm llamacpp needs a .gguf model; {loaded.source} is not one")
-        self.spec = spec
-        self._tok = loaded.tokenizer
-        n_ctx = loaded.config.max_position_embeddings
-        self._llm = llama_cpp.Llama(
-            model_path=str(path), n_ctx=n_ctx, n_threads=torch.get_num_threads(), verbose=False
-        )
-
-    async def stream(self, messages: list[Message], params: SamplingParams) -> AsyncIterator[Piece]:
-        if params.ignore_eos or params.stop:
-            raise ArmError("arm llamacpp: --ignore-eos and stop strings are not supported here")
-        ids = self._tok.encode_chat(messages)
-
-        def produce(emit: Callable[[Any], None]) -> None:
-            it: Iterator[dict[str, Any]] = self._llm.create_completion(
-                prompt=ids,  # token ids: the same prompt tokens as every other arm
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                seed=params.seed if params.seed is not None else -1,
-                stream=True,
-            )
-            for out in it:  # one event per token
-                emit(out["choices"][0].get("text") or "")
-
-        async for text in _stream_from_thread(produce):
-            yield Piece(1, text)
-
-    def new_run(self) -> None:
-        pass  # no drafter memory across requests
-
-    async def aclose(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self._llm = None

@@ -43,7 +43,7 @@ __all__ = ["register", "run_bench_cmd", "run_sweep_cmd"]
 
 ARM_HELP = (
     "comma-separated arms: plain, ngram, suffix, auto, model, quant, eagle (each optionally :k=N or :k=auto; "
-    "eagle and auto also :head=DIR), hf, hf-lookup[:k=N], llamacpp, openai+http://HOST:PORT[/v1][?model=NAME] (default: %(default)s)"
+    "eagle and auto also :head=DIR), hf, hf-lookup[:k=N], llamacpp (llama.cpp's llama-server, built by `make llamacpp`), openai+http://HOST:PORT[/v1][?model=NAME] (default: %(default)s)"
 )
 
 BENCH_DESCRIPTION = (
