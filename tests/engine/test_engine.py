@@ -164,16 +164,25 @@ def test_real_head_alone_equals_plain_on_every_prompt(
 
 
 @pytest.mark.real_model
-def test_real_auto_takes_the_shipped_head_unless_told_not_to(real_model: LoadedModel) -> None:
-    """auto's default on an embedded target with a shipped head: lookups plus the head; 'none': lookups only."""
+def test_real_auto_picks_its_model_source(real_model: LoadedModel) -> None:
+    """auto's model source on an embedded target: the target's own quantized copy for a float target on the
+    native kernels, the shipped head for a target already quantized or on PyTorch's kernels; 'none' and a
+    remote target: lookups only."""
     from draftgate.drafters.auto import AutoDrafter
     from draftgate.drafters.eagle import EagleDrafter
+    from draftgate.drafters.model import ModelDrafter
+    from draftgate.models.runner import Kernels
 
-    default = build_drafter(EngineConfig(drafter=DrafterKind.AUTO), real_model)
-    off = build_drafter(EngineConfig(drafter=DrafterKind.AUTO, draft_head="none"), real_model)
-    remote = build_drafter(EngineConfig(drafter=DrafterKind.AUTO), real_model, features=False)
-    assert isinstance(default, AutoDrafter) and isinstance(default._model, EagleDrafter)  # noqa: SLF001
-    assert default.feature_layers == (2, 15, 30)
+    auto = EngineConfig(drafter=DrafterKind.AUTO, num_blocks=32, cache_dir=MODEL_CACHE)
+    default = build_drafter(auto, real_model)
+    assert isinstance(default, AutoDrafter) and isinstance(default._model, ModelDrafter)  # noqa: SLF001
+    assert default._model.name == "quant" and default.feature_layers == ()  # noqa: SLF001
+    for d in (build_drafter(replace(auto, dtype="auto"), _real_blocks(real_model)),
+              build_drafter(replace(auto, kernels=Kernels.TORCH), real_model)):  # fmt: skip
+        assert isinstance(d, AutoDrafter) and isinstance(d._model, EagleDrafter)  # noqa: SLF001
+        assert d.feature_layers == (2, 15, 30)
+    off = build_drafter(replace(auto, draft_head="none"), real_model)
+    remote = build_drafter(auto, real_model, features=False)
     for d in (off, remote):  # a remote target has no hidden states: lookups, no error
         assert isinstance(d, AutoDrafter) and d._model is None and d.feature_layers == ()  # noqa: SLF001
     with pytest.raises(ModelLoadError, match="needs a draft head"):

@@ -78,25 +78,29 @@ def _model_drafter(cfg: EngineConfig, target: LoadedModel) -> Drafter:
 
 
 def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) -> Drafter | None:
-    """auto adds a model drafter: --draft-model, or a draft head (--draft-head DIR, else the one shipped
-    for the target when the target is embedded; --draft-head none: lookups only).
+    """auto adds a model drafter for the rounds lookup has nothing for: --draft-model, or --draft-head DIR,
+    else (embedded target only) the target's own quantized copy where the target runs float weights on
+    the native kernels, else the draft head shipped for the target; --draft-head none: lookups only.
 
-    The shipped head by default since auto keeps one controller per source and gives the head only
-    the rounds lookup has nothing for: on held-out prompts auto with it ran at 1.43x of plain against
-    1.37x without it, on the built-in prompts 1.66x against 1.59x (docs/BENCHMARKS.md). The
-    head needs the target's hidden states, so a remote target gets lookups only (an explicit
-    --draft-head is refused there). Not llama.cpp on its own any more (it was auto's default draft
-    while the target was 3-5x slower): against the native target a Q4 llama.cpp draft step costs half
-    a target step, and on open prompts auto with it ran at 0.78-1.01x of plain (docs/BENCHMARKS.md). ``--drafter quant`` still runs it on purpose.
+    The quantized copy first: on held-out prompts against a float32 target (Zen 4) auto with it ran
+    at 1.9x of plain, where auto with the shipped head ran at 1.63x (docs/BENCHMARKS.md); a Q4 draft
+    step costs about a quarter of a float32 target step and agrees with it on ~90% of drafted tokens.
+    A target that already runs its quantization (--dtype auto) gets the head. A remote target gets
+    lookups only: the head needs its hidden states (an explicit --draft-head is refused there).
     """
     from draftgate.drafters.eagle import shipped_head
 
     if cfg.draft_model:
-        return _model_drafter(EngineConfig(**{**cfg.__dict__, "drafter": DrafterKind.MODEL}), target)
+        return _model_drafter(replace(cfg, drafter=DrafterKind.MODEL), target)
     if cfg.draft_head == NO_HEAD:
         return None
     if cfg.draft_head is None:
-        return _eagle(cfg, target) if features and shipped_head(target) is not None else None
+        if not features:
+            return None
+        dtype = target.weights["model.embed_tokens.weight"].dtype
+        if target.blocks is None and Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
+            return _model_drafter(replace(cfg, drafter=DrafterKind.QUANT), target)
+        return _eagle(cfg, target) if shipped_head(target) is not None else None
     if not features:
         raise ModelLoadError(
             "--draft-head: a draft head reads the target's hidden states, which only the embedded target gives; "
@@ -118,7 +122,7 @@ def quant_copy(cfg: EngineConfig, target: LoadedModel) -> LoadedModel:
         )
     c = target.config
     if target.gguf_path is not None:
-        blocks = load_blocks(target.gguf_path, c.num_heads, c.num_kv_heads, cfg.cache_dir)
+        blocks = load_blocks(target.gguf_path, c.num_heads, c.num_kv_heads, cfg.cache_dir or default_cache_dir())
     else:
         try:
             blocks = {
