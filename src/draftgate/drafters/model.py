@@ -47,10 +47,14 @@ class ModelDrafter:
     sampled_q = True
     abilities = Abilities()  # none beyond the protocol
 
-    def __init__(self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None) -> None:
+    def __init__(self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None, one_hot: bool = False) -> None:
+        """``one_hot``: draft q's most likely token under sampling too (no q: verified by matching the target's
+        own position-keyed choice), so a seeded request's tokens never depend on which rounds were drafted."""
         if q_top_n is not None and q_top_n < 1:
             raise ValueError(f"q_top_n must be >= 1, got {q_top_n}")
         self.name = name
+        self.one_hot = one_hot
+        self.sampled_q = not one_hot
         self.q_top_n = q_top_n
         self._runner = runner
         self._fed: dict[int, list[int]] = {}  # tokens whose KV the draft runner holds, per sequence
@@ -105,7 +109,7 @@ class ModelDrafter:
             for _ in range(max(r.k for r in active)):
                 for i, lg in zip(live, logits, strict=True):
                     r = active[i]
-                    if r.params.greedy:
+                    if r.params.greedy or self.one_hot:
                         t = int(lg.argmax())
                     else:
                         t, q = self._sample(lg, r)

@@ -89,6 +89,7 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
     lookups only: the head needs its hidden states (an explicit --draft-head is refused there).
     """
     from draftgate.drafters.eagle import shipped_head
+    from draftgate.drafters.model import ModelDrafter
 
     if cfg.draft_model:
         return _model_drafter(replace(cfg, drafter=DrafterKind.MODEL), target)
@@ -99,7 +100,9 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
             return None
         dtype = target.weights["model.embed_tokens.weight"].dtype
         if target.blocks is None and Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
-            return _model_drafter(replace(cfg, drafter=DrafterKind.QUANT), target)
+            # One-hot drafts: auto mixes it with lookups, whose turns follow earlier requests' answers,
+            # and a seeded request must not depend on which rounds a sampled q drafted.
+            return ModelDrafter(build_runner(cfg, quant_copy(cfg, target)), name="quant", one_hot=True)
         return _eagle(cfg, target) if shipped_head(target) is not None else None
     if not features:
         raise ModelLoadError(
