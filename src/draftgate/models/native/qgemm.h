@@ -277,24 +277,30 @@ struct QRows {
   std::vector<float> d;    // [M, K / G]
   std::vector<int32_t> s;  // [M, K / G] sum of the group's xq
   void quantize(const float* x, int M, int ldx, int K, int G) {
-    const int nb = K / G;
+    const int nb = K / G, nv = G / VL;  // G is 16 or 32: one or two vectors a group
     q.resize(size_t(M) * K);
     d.resize(size_t(M) * nb);
     s.resize(size_t(M) * nb);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int r = 0; r < M; r++)
       for (int b = 0; b < nb; b++) {
         const float* xg = x + size_t(r) * ldx + size_t(b) * G;
-        float amax = 0.0f;
-        for (int k = 0; k < G; k++) amax = std::max(amax, std::fabs(xg[k]));
-        const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
-        for (int k = 0; k < G; k++) {
-          const int v = int(std::nearbyint(xg[k] * inv));
-          q[size_t(r) * K + size_t(b) * G + k] = int8_t(std::max(-127, std::min(127, v)));
-          sum += q[size_t(r) * K + size_t(b) * G + k];
+        __m512 v[2] = {_mm512_loadu_ps(xg), nv > 1 ? _mm512_loadu_ps(xg + VL) : _mm512_setzero_ps()};
+        const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1])));
+        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        int8_t* out = &q[size_t(r) * K + size_t(b) * G];
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = 0; j < nv; j++) {  // round to nearest even (MXCSR's default), as std::nearbyint
+          __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], inv));
+          qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j * VL), _mm512_cvtepi32_epi8(qi));
+          sum = _mm512_add_epi32(sum, qi);
         }
-        d[size_t(r) * nb + b] = dx;
-        s[size_t(r) * nb + b] = sum;
+        // A non-finite input makes the group's scale NaN, so the output shows it (as the float kernel's would).
+        const __m512 z = _mm512_setzero_ps();
+        const float finite = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(v[0], z), _mm512_mul_ps(v[1], z)));
+        d[size_t(r) * nb + b] = finite == 0.0f ? m / 127.0f : NAN;
+        s[size_t(r) * nb + b] = _mm512_reduce_add_epi32(sum);
       }
   }
 };
