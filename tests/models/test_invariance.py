@@ -18,7 +18,7 @@ import torch
 
 from draftgate.models import native
 from draftgate.models.batch import ForwardOutput
-from draftgate.models.gguf_blocks import load_blocks
+from draftgate.models.gguf_blocks import load_blocks, quantize
 from draftgate.models.loader import LoadedModel
 from draftgate.models.native import LEVELS, NativeLib, cpu_level
 from draftgate.models.native_llama import NativeLlama
@@ -110,6 +110,22 @@ def test_every_kernel_level_is_invariant_and_matches_torch(tiny_model: LoadedMod
     a = runner.prefill(0, prompt)
     b = torch_runner.prefill(0, prompt)
     assert (a - b).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("level", _levels_here())
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_every_kernel_level_is_invariant_on_quantized_weights(
+    tiny_model: LoadedModel, level: str, fmt: str, tmp_path
+) -> None:
+    """The whole forward on quantized blocks (every product, the tied-or-not head, the embedding
+    lookup), at each instruction-set level; the products' own formats: tests/models/test_quant.py."""
+    lib = native.load_library(tmp_path, level=level)
+    blocks = {k: quantize(w, fmt) for k, w in tiny_model.weights.items() if w.ndim == 2}
+    model = replace(tiny_model, blocks=blocks)
+    runner = ModelRunner(model, num_blocks=64, block_size=8, enable_prefix_cache=False)
+    runner.model = NativeLlama(model.config, model.weights, lib, blocks)
+    assert runner.model.weight_format == fmt[:2]
+    check_invariance(runner, model)
 
 
 def _runner_on(model: LoadedModel, lib: NativeLib) -> ModelRunner:
