@@ -64,7 +64,7 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument(
-        "--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
         help="weights: auto runs a GGUF model's own quantization (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) on the native "
         "kernels, float32 for HF folders; float32/bfloat16/float16 dequantize (default: %(default)s)",
     )

@@ -39,7 +39,7 @@ class EngineConfig:
     # is at least this likely (verified in the same forward under a tree attention mask); 0: never
     draft_branch: float = 0.15
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # a GGUF model runs its own quantization; HF folders float32
     num_blocks: int = 1024  # KV blocks (block_size tokens each) shared by all running requests
     block_size: int = 16
     max_batch: int = 16  # concurrently running sequences
