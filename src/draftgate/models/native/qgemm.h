@@ -306,9 +306,9 @@ struct QRows {
 };
 
 // One register block of the integer kernel: rows r0.. of xr, NV vectors from the tile's vector j0.
-template <int MR, int NV, int FMT>
-static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int j0, int K, int G, float* y,
-                        int ldy, int ncols, bool add) {
+template <int MR, int NV, int FMT, int G>  // G a template constant: the k loop unrolls, accumulators stay put
+static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int j0, int K, float* y, int ldy,
+                        int ncols, bool add) {
   const int nb = K / G, rq = 4 * (FMT == Q4 ? VL : w);  // bytes of 4 k of codes
   const size_t bb = size_t(8) * w + size_t(G / 4) * rq;
   const __m512i low4 = _mm512_set1_epi8(15);
@@ -363,12 +363,18 @@ static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int
     }
 }
 
-using QDotFn = void (*)(const QRows&, int, const uint8_t*, int, int, int, int, float*, int, int, bool);
+using QDotFn = void (*)(const QRows&, int, const uint8_t*, int, int, int, float*, int, int, bool);
 
-template <int FMT, int NV, int... MRs>
+template <int FMT, int NV, int G, int... MRs>
 static QDotFn qdot_pick_mr(int mr, std::integer_sequence<int, MRs...>) {
-  static constexpr QDotFn table[] = {qdot_kernel<MRs + 1, NV, FMT>...};
+  static constexpr QDotFn table[] = {qdot_kernel<MRs + 1, NV, FMT, G>...};
   return table[mr - 1];
+}
+
+template <int FMT, int G>
+static QDotFn qdot_pick(int mr, int nv) {
+  if (nv == 1) return qdot_pick_mr<FMT, 1, G>(mr, std::make_integer_sequence<int, MR_MAX[1]>{});
+  return qdot_pick_mr<FMT, 2, G>(mr, std::make_integer_sequence<int, MR_MAX[2]>{});
 }
 #endif
 
@@ -403,10 +409,8 @@ static void qgemm_part(const Packed* p, const float* x, int M, int ldx, float* y
     for (int r0 = 0; r0 < M;) {
       int mr = std::min(M - r0, MR_MAX[NV_TILE]);
 #ifdef DG_QDOT
-      auto fn = nv == 1 ? qdot_pick_mr<FMT, 1>(mr, std::make_integer_sequence<int, MR_MAX[1]>{})
-                        : qdot_pick_mr<FMT, 2>(mr, std::make_integer_sequence<int, MR_MAX[2]>{});
-      fn(xr, r0, base + qtile_offset(p, t), w, in_tile, p->K, p->group, y + size_t(r0) * ldy + col, ldy, p->N - col,
-         add);
+      auto fn = p->group == 16 ? qdot_pick<FMT, 16>(mr, nv) : qdot_pick<FMT, 32>(mr, nv);
+      fn(xr, r0, base + qtile_offset(p, t), w, in_tile, p->K, y + size_t(r0) * ldy + col, ldy, p->N - col, add);
 #else
       qpick<FMT>(mr, nv)(x + size_t(r0) * ldx, ldx, base + qtile_offset(p, t), w, in_tile, p->K, p->group,
                          y + size_t(r0) * ldy + col, ldy, p->N - col, add);
