@@ -7,6 +7,7 @@ Also prints the native forward's phase profile at n = 1 and n = 9.
 
     .venv/bin/python benchmarks/studies/pass_cost.py                       # native kernels (the default)
     .venv/bin/python benchmarks/studies/pass_cost.py --kernels torch --dtype float32
+    .venv/bin/python benchmarks/studies/pass_cost.py --dtype auto --level avx512  # float activations
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 
 from draftgate.engine.config import DTYPES, DrafterKind, EngineConfig
 from draftgate.engine.factory import build_runner
+from draftgate.models.loader import load_model
+from draftgate.models.native import LEVELS, load_library
 from draftgate.models.native_llama import NativeLlama, profile
 from draftgate.models.runner import ForwardItem, Kernels, ModelRunner
 from draftgate.paths import default_cache_dir
@@ -54,11 +57,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--level", default=None, choices=list(LEVELS), help="native kernel level (default: this CPU's best)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     cfg = EngineConfig(drafter=DrafterKind.NONE, dtype=a.dtype, kernels=Kernels(a.kernels), num_blocks=128,
                        enable_prefix_cache=False, cache_dir=default_cache_dir()).validate()  # fmt: skip
-    runner = build_runner(cfg)  # built here, in the main thread, as the engine's factory does
+    loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
+    runner = build_runner(cfg, loaded)  # built here, in the main thread, as the engine's factory does
+    if a.level is not None and isinstance(runner.model, NativeLlama):  # the same weights on another level
+        lib = load_library(default_cache_dir(), a.level)
+        runner.model = NativeLlama(loaded.config, loaded.weights, lib, loaded.blocks)
     widths = list(range(1, a.max_width + 1))
     out: dict[int, float] = {}
     prof: dict[int, dict[str, float]] = {}

@@ -82,9 +82,9 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
     else (embedded target only) the target's own quantized copy where the target runs float weights on
     the native kernels, else the draft head shipped for the target; --draft-head none: lookups only.
 
-    The quantized copy first: on held-out prompts against a float32 target (Zen 4) auto with it ran
-    at 1.9x of plain, where auto with the shipped head ran at 1.63x (docs/BENCHMARKS.md); a Q4 draft
-    step costs about a quarter of a float32 target step and agrees with it on ~90% of drafted tokens.
+    The quantized copy first: on held-out prompts against a float32 target (Zen 5) auto with it ran
+    at 2.01x of plain, where auto with the shipped head ran at 1.63x (docs/BENCHMARKS.md); a Q4 draft
+    step costs about a third of a float32 target step and 87% of its drafted tokens are accepted.
     A target that already runs its quantization (--dtype auto) gets the head. A remote target gets
     lookups only: the head needs its hidden states (an explicit --draft-head is refused there).
     """
