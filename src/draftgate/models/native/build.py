@@ -31,7 +31,7 @@ __all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "load_library", "LEVEL
 DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "qgemm.h", "pool.h", "simd.h", "head_step.h")
+_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "qgemm.h", "gguf_decode.h", "pool.h", "simd.h", "head_step.h")
 LEVELS = ("avx512vnni", "avx512", "avx2", "portable")
 _MARCH = {
     "avx512vnni": ["-march=x86-64-v4", "-mavx512vnni"],
