@@ -116,6 +116,23 @@ constexpr int KC = 64;
 #define DG_PREFETCH_BYTES 8192
 #endif
 
+// A register block's finished sums tot[MR][NV * VL] into y (add: onto it), only the real columns of
+// a padded last vector.
+template <int MR, int NV>
+static inline void store_block(const float (&tot)[MR][NV * VL], float* y, int ldy, int ncols, bool add) {
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NV; j++) {
+      float* out = y + size_t(r) * ldy + j * VL;
+      int valid = ncols - j * VL;
+      if (valid >= VL) {
+        V t = vload(&tot[r][j * VL]);
+        vstore(out, add ? vadd(vload(out), t) : t);
+      } else if (valid > 0) {
+        for (int i = 0; i < valid; i++) out[i] = add ? out[i] + tot[r][j * VL + i] : tot[r][j * VL + i];
+      }
+    }
+}
+
 // One register block: MR rows x NV vectors of columns, the whole K reduction.
 // x: [MR, ldx] rows, w: the block's first column in its tile (row stride ws), y: [MR, ldy].
 // The weights stream from memory once per call: software prefetch runs DG_PREFETCH_BYTES ahead
@@ -149,17 +166,7 @@ static void microkernel(const float* x, int ldx, const W* w, int ws, int K, floa
       for (int j = 0; j < NV; j++)
         vstore(&tot[r][j * VL], k0 == 0 ? acc[r][j] : vadd(vload(&tot[r][j * VL]), acc[r][j]));
   }
-  for (int r = 0; r < MR; r++)
-    for (int j = 0; j < NV; j++) {
-      float* out = y + size_t(r) * ldy + j * VL;
-      V t = vload(&tot[r][j * VL]);
-      int valid = ncols - j * VL;
-      if (valid >= VL) {
-        vstore(out, add ? vadd(vload(out), t) : t);
-      } else if (valid > 0) {  // the padded last vector: write only the real columns
-        for (int i = 0; i < valid; i++) out[i] = add ? out[i] + tot[r][j * VL + i] : tot[r][j * VL + i];
-      }
-    }
+  store_block<MR, NV>(tot, y, ldy, ncols, add);
 }
 
 template <typename W>

@@ -159,17 +159,7 @@ static void qmicrokernel(const float* x, int ldx, const uint8_t* tile, int w, in
       for (int j = 0; j < NV; j++)
         vstore(&tot[r][j * VL], k0 == 0 ? acc[r][j] : vadd(vload(&tot[r][j * VL]), acc[r][j]));
   }
-  for (int r = 0; r < MR; r++)
-    for (int j = 0; j < NV; j++) {
-      float* out = y + size_t(r) * ldy + j * VL;
-      V t = vload(&tot[r][j * VL]);
-      int valid = ncols - j * VL;
-      if (valid >= VL) {
-        vstore(out, add ? vadd(vload(out), t) : t);
-      } else if (valid > 0) {
-        for (int i = 0; i < valid; i++) out[i] = add ? out[i] + tot[r][j * VL + i] : tot[r][j * VL + i];
-      }
-    }
+  store_block<MR, NV>(tot, y, ldy, ncols, add);
 }
 
 #ifdef DG_QDOT
@@ -252,17 +242,7 @@ static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int
       }
     }
   }
-  for (int r = 0; r < MR; r++)
-    for (int j = 0; j < NV; j++) {
-      float* out = y + size_t(r) * ldy + j * VL;
-      int valid = ncols - j * VL;
-      if (valid >= VL) {
-        V t = vload(&tot[r][j * VL]);
-        vstore(out, add ? vadd(vload(out), t) : t);
-      } else if (valid > 0) {
-        for (int i = 0; i < valid; i++) out[i] = add ? out[i] + tot[r][j * VL + i] : tot[r][j * VL + i];
-      }
-    }
+  store_block<MR, NV>(tot, y, ldy, ncols, add);
 }
 
 using QDotFn = void (*)(const QRows&, int, const uint8_t*, int, int, int, float*, int, int, bool);
