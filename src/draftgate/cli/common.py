@@ -44,8 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         "--drafter",
         default=default_drafter,
         choices=[d.value for d in DrafterKind],
-        help="draft source: none (plain decoding), ngram, suffix, model, quant, eagle (a draft head on the "
-        "target's hidden states), auto (default: %(default)s)",
+        help="draft source: none (plain decoding), ngram, suffix, model, quant (a float target's own quantized "
+        "copy), eagle (a draft head on the target's hidden states), auto (default: %(default)s)",
     )
     g.add_argument("--k", type=_k_arg, default=None, metavar="N|auto", help="draft tokens per round (default: auto)")
     g.add_argument("--k-max", type=int, default=8, help="upper bound for adaptive K (default: %(default)s)")
@@ -81,7 +81,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         "(PyTorch's CPU kernels: slower, batch invariance not guaranteed) (default: %(default)s)",
     )
     g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
-    g.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
+    g.add_argument("--cache-dir", type=Path, default=None, help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:

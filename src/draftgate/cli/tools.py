@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("target", help="target model: smollm2-135m (bundled), a .gguf file or an HF folder")
     p.add_argument("draft", help="draft model: same forms as TARGET")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
+    p.add_argument("--cache-dir", type=Path, default=None, help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)")
     p.set_defaults(func=run_check_pair)
 
     p = sub.add_parser(

@@ -45,7 +45,7 @@ class EngineConfig:
     max_batch: int = 16  # concurrently running sequences
     max_queue: int = 256  # waiting requests before submit() refuses
     enable_prefix_cache: bool = True
-    cache_dir: Path | None = None  # where dequantized GGUF weights are cached
+    cache_dir: Path | None = None  # where parsed GGUF weights are cached (None: not cached)
     ngram_max: int = 4
     kernels: Kernels = Kernels.AUTO  # native CPU kernels (batch invariant by construction) or PyTorch's
 
