@@ -143,3 +143,28 @@ def test_the_invariance_check_sees_a_changed_product(lib: native.NativeLib) -> N
     a, b = Packed(lib, [random_blocks("Q4_1", 16, 256, 8)]), Packed(lib, [random_blocks("Q4_1", 16, 256, 9)])
     x = torch.randn(1, 256)
     assert not torch.equal(a(x), b(x))
+
+
+@pytest.mark.real_model
+def test_the_bundled_models_own_blocks_agree_with_its_float32_weights(real_model) -> None:  # type: ignore[no-untyped-def]
+    """SmolLM2's Q4_1/Q8_0 blocks as the kernels run them (rows unpermuted as the float loader does) give
+    the float32 dequantization's predictions: a wrong layout or permutation would give noise."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from draftgate.models.gguf_blocks import load_blocks
+    from draftgate.models.runner import ForwardItem, ModelRunner
+
+    c, cache = real_model.config, Path(__file__).resolve().parents[2] / ".cache" / "models"
+    quant = replace(real_model, blocks=load_blocks(real_model.gguf_path, c.num_heads, c.num_kv_heads, cache))
+    ids = real_model.tokenizer.encode_chat([{"role": "user", "content": "Explain how a rainbow forms, briefly."}])
+    ids += real_model.tokenizer.encode(" A rainbow forms when sunlight enters raindrops and is bent, then reflected.")
+    logits = []
+    for model in (real_model, quant):
+        runner = ModelRunner(model, num_blocks=16, enable_prefix_cache=False)
+        runner.prefill(1, ids[:1])
+        (lg,) = runner.forward([ForwardItem(1, ids[1:], num_logits=len(ids) - 1)])  # [n - 1, V]
+        logits.append(lg)
+    same = (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean().item()
+    assert same >= 0.9, f"top-1 agreement {same:.2f}"
+    assert (logits[0] - logits[1]).abs().mean().item() < 0.5
