@@ -4,8 +4,9 @@ bitwise the same at every row count in every format and at every instruction-set
 The reference for decoding is the ``gguf`` package's own dequantization of the same bytes; the
 reference for invariance is the one-row product, compared with torch.equal.
 
-With AVX-512 VNNI the kernels quantize each row's activations to 8 bits per group and multiply in
-integers (``avx512vnni``); the other levels multiply float activations by dequantized weights.
+The integer kernel (every tile with AVX-512 VNNI, 4-bit tiles with AVX-512 or AVX2) quantizes each
+row's activations to 8 bits per group and multiplies in integers; the others multiply float
+activations by dequantized weights.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def test_products_are_batch_invariant_in_every_format_and_level(level: str, fmt:
         bad = [i for i in range(m) if not torch.equal(got[i], alone[i])]
         assert not bad, f"{fmt} at {level}: rows {bad} of a {m}-row product differ from one-row products"
     w, xs = p.weights().double(), x
-    if level == "avx512vnni":  # the integer kernel multiplies by x quantized to 8 bits per group
+    four_bit = fmt in ("Q4_0", "Q4_1", "Q4_K")  # packed as Q4 tiles; the others as Q8 tiles
+    if level == "avx512vnni" or (four_bit and level != "portable"):  # the integer kernel: x in 8 bits a group
         xs = quantize_rows(x, 16 if fmt in ("Q6_K", "mixed") else 32)
     ref, scale = xs.double() @ w.T, xs.double().abs() @ w.abs().T  # the exact product and its rounding scale
     assert ((alone.double() - ref).abs() <= 1e-5 * scale).all()

@@ -10,14 +10,15 @@
 // A tile is still one sequential stream, about 0.75-1.25 bytes a weight instead of 4.
 //
 // Two kernels, by instruction set:
-// - AVX-512 VNNI (DG_QDOT): like llama.cpp, each row's activations are quantized to 8 bits per
-//   group (x ~ dx * xq, |xq| <= 127, from that row alone), and a group's products are exact
-//   integer dot products (vpdpbusd, 4 k per lane: codes are stored 4 k to a 32-bit lane, and Q8
-//   codes as q + 128 with the offset taken back exactly in integers); each group then adds
-//   d * dx * dot + m * dx * sum(xq) to the row's float sums in group order. A verify pass of a few
-//   rows costs little more than one row: the integer work is a quarter of the float work.
-// - elsewhere: the weights are dequantized in registers (q * d + m, one FMA) and reduced like the
-//   float kernel (fixed-order chunks over k) with float activations.
+// - integer (AVX-512 VNNI for every tile; AVX-512 and AVX2 for Q4 tiles): like llama.cpp, each
+//   row's activations are quantized to 8 bits per group (x ~ dx * xq, |xq| <= 127, from that row
+//   alone), and a group's products are exact integer dot products (vpdpbusd, or maddubs + madd:
+//   4 k per 32-bit lane, so codes are stored 4 k to a lane; Q8 codes as q + 128, the offset taken
+//   back exactly in integers); each group then adds d * dx * dot + m * dx * sum(xq) to the row's
+//   float sums in group order. The integer work is a quarter of the float work or less.
+// - otherwise (Q8 tiles without VNNI, portable builds): the weights are dequantized in registers
+//   (q * d + m, one FMA) and reduced like the float kernel (fixed-order chunks over k) with float
+//   activations.
 // Either way a row's result depends on that row and the weights only: batch invariant by
 // construction, whatever the row count. Included by gemm.h (after Packed and the float kernel).
 #pragma once
@@ -26,27 +27,36 @@
 
 namespace dg {
 
-#if defined(__AVX512VNNI__)
-#define DG_QDOT 1
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define DG_QDOT 1  // integer dot products on Q4 tiles
 #endif
+#if defined(__AVX512VNNI__)
+#define DG_QDOT_Q8 1  // ... and on Q8 tiles: vpdpbusd takes codes up to 255, where maddubs would saturate
+#endif
+
+// Whether tiles of format FMT run the integer kernel (activations in 8 bits) on this build.
+template <int FMT>
+constexpr bool int_kernel() {
+#if defined(DG_QDOT_Q8)
+  return true;
+#elif defined(DG_QDOT)
+  return FMT == Q4;
+#else
+  return false;
+#endif
+}
 
 static inline int qrow_bytes(const Packed* p, int w) { return p->dtype == Q4 ? VL : w; }
 
 // Byte of code (kk, c) in a group's codes, and Q8's stored offset (Q4 nibbles: c < VL low, else high).
 // Row layout: G rows of qrow_bytes. DG_QDOT: groups of 4 k per 32-bit lane, G/4 rows of 4 * qrow_bytes.
 static inline size_t code_at(const Packed* p, int w, int kk, int c) {
-#ifdef DG_QDOT
   const int cc = p->dtype == Q4 ? c % VL : c;
-  return size_t(kk / 4) * 4 * qrow_bytes(p, w) + size_t(cc / VL) * VL * 4 + (cc % VL) * 4 + kk % 4;
-#else
-  return size_t(kk) * qrow_bytes(p, w) + (p->dtype == Q4 ? c % VL : c);
-#endif
+  if (p->dtype == Q4 ? int_kernel<Q4>() : int_kernel<Q8>())
+    return size_t(kk / 4) * 4 * qrow_bytes(p, w) + size_t(cc / VL) * VL * 4 + (cc % VL) * 4 + kk % 4;
+  return size_t(kk) * qrow_bytes(p, w) + cc;
 }
-#ifdef DG_QDOT
-constexpr int Q8_OFFSET = 128;  // vpdpbusd multiplies unsigned bytes by signed ones
-#else
-constexpr int Q8_OFFSET = 0;
-#endif
+constexpr int Q8_OFFSET = int_kernel<Q8>() ? 128 : 0;  // the integer kernel multiplies unsigned codes
 static inline size_t qblock_bytes(const Packed* p, int w) { return size_t(8) * w + size_t(p->group) * qrow_bytes(p, w); }
 static inline size_t qtile_offset(const Packed* p, int t) { return size_t(t) * (p->K / p->group) * qblock_bytes(p, NR); }
 
@@ -169,30 +179,31 @@ struct QRows {
   std::vector<float> d;    // [M, K / G]
   std::vector<int32_t> s;  // [M, K / G] sum of the group's xq
   void quantize(const float* x, int M, int ldx, int K, int G) {
-    const int nb = K / G, nv = G / VL;  // G is 16 or 32: one or two vectors a group
+    const int nb = K / G, nv = G / VL;  // G is 16 or 32: 1 to 4 vectors a group
     q.resize(size_t(M) * K);
     d.resize(size_t(M) * nb);
     s.resize(size_t(M) * nb);
-    const __m512 sign = _mm512_set1_ps(-0.0f);
+    alignas(64) int32_t qi[32];
     for (int r = 0; r < M; r++)
       for (int b = 0; b < nb; b++) {
         const float* xg = x + size_t(r) * ldx + size_t(b) * G;
-        __m512 v[2] = {_mm512_loadu_ps(xg), nv > 1 ? _mm512_loadu_ps(xg + VL) : _mm512_setzero_ps()};
-        const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1])));
-        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        V amax = vzero(), nan = vzero();  // nan: x * 0 is 0 unless x is not finite
+        for (int j = 0; j < nv; j++) {
+          const V v = vload(xg + j * VL);
+          amax = vmax(amax, vmax(v, vsub(vzero(), v)));
+          nan = vadd(nan, vmul(v, vzero()));
+        }
+        const float m = vmaxval(amax), inv = m > 0.0f ? 127.0f / m : 0.0f;
+        for (int j = 0; j < nv; j++) vi_store(qi + j * VL, vi_clamp127(vi_round(vmul(vload(xg + j * VL), vset1(inv)))));
         int8_t* out = &q[size_t(r) * K + size_t(b) * G];
-        __m512i sum = _mm512_setzero_si512();
-        for (int j = 0; j < nv; j++) {  // round to nearest even (MXCSR's default), as std::nearbyint
-          __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], inv));
-          qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j * VL), _mm512_cvtepi32_epi8(qi));
-          sum = _mm512_add_epi32(sum, qi);
+        int32_t sum = 0;
+        for (int k = 0; k < G; k++) {
+          out[k] = int8_t(qi[k]);
+          sum += qi[k];
         }
         // A non-finite input makes the group's scale NaN, so the output shows it (as the float kernel's would).
-        const __m512 z = _mm512_setzero_ps();
-        const float finite = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(v[0], z), _mm512_mul_ps(v[1], z)));
-        d[size_t(r) * nb + b] = finite == 0.0f ? m / 127.0f : NAN;
-        s[size_t(r) * nb + b] = _mm512_reduce_add_epi32(sum);
+        d[size_t(r) * nb + b] = vsum(nan) == 0.0f ? m / 127.0f : NAN;
+        s[size_t(r) * nb + b] = sum;
       }
   }
 };
@@ -203,30 +214,28 @@ static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int
                         int ncols, bool add) {
   const int nb = K / G, rq = 4 * (FMT == Q4 ? VL : w);  // bytes of 4 k of codes
   const size_t bb = size_t(8) * w + size_t(G / 4) * rq;
-  const __m512i low4 = _mm512_set1_epi8(15);
   alignas(64) float tot[MR][NV * VL];
   for (int b = 0; b < nb; b++) {
     const uint8_t* blk = tile + size_t(b) * bb;
     for (size_t o = 0; o < bb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk) + DG_PREFETCH_BYTES + o, DG_PREFETCH_HINT);
     const uint8_t* codes = blk + size_t(8) * w;
-    __m512i acc[MR][NV];
+    VI acc[MR][NV];
     for (int r = 0; r < MR; r++)
-      for (int j = 0; j < NV; j++) acc[r][j] = _mm512_setzero_si512();
+      for (int j = 0; j < NV; j++) acc[r][j] = vi_zero();
     for (int kq = 0; kq < G / 4; kq++) {
       const uint8_t* row = codes + size_t(kq) * rq;
-      __m512i wv[NV];
+      VI wv[NV];
       if (FMT == Q4) {
-        const __m512i v = _mm512_loadu_si512(row);
-        for (int j = 0; j < NV; j++)
-          wv[j] = j0 + j == 0 ? _mm512_and_si512(v, low4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const VI v = vi_load(row);
+        for (int j = 0; j < NV; j++) wv[j] = j0 + j == 0 ? vi_low4(v) : vi_high4(v);
       } else {
-        for (int j = 0; j < NV; j++) wv[j] = _mm512_loadu_si512(row + (j0 + j) * 64);
+        for (int j = 0; j < NV; j++) wv[j] = vi_load(row + (j0 + j) * VL * 4);
       }
       for (int r = 0; r < MR; r++) {
         int32_t x4;
         std::memcpy(&x4, &xr.q[size_t(r0 + r) * K + size_t(b) * G + kq * 4], 4);
-        const __m512i xb = _mm512_set1_epi32(x4);
-        for (int j = 0; j < NV; j++) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], wv[j], xb);
+        const VI xb = vi_set1(x4);
+        for (int j = 0; j < NV; j++) acc[r][j] = vdot4(acc[r][j], wv[j], xb);
       }
     }
     const float* dm = reinterpret_cast<const float*>(blk);
@@ -235,9 +244,9 @@ static void qdot_kernel(const QRows& xr, int r0, const uint8_t* tile, int w, int
       const int32_t sx = xr.s[size_t(r0 + r) * nb + b];
       const V ms = vset1(dx * float(sx));
       for (int j = 0; j < NV; j++) {
-        __m512i a = FMT == Q8 ? _mm512_sub_epi32(acc[r][j], _mm512_set1_epi32(Q8_OFFSET * sx)) : acc[r][j];
+        const VI a = FMT == Q8 ? vi_sub(acc[r][j], vi_set1(Q8_OFFSET * sx)) : acc[r][j];
         V t = b == 0 ? vzero() : vload(&tot[r][j * VL]);
-        t = vfma(_mm512_cvtepi32_ps(a), vmul(vload(dm + (j0 + j) * VL), vset1(dx)), t);
+        t = vfma(vi_to_ps(a), vmul(vload(dm + (j0 + j) * VL), vset1(dx)), t);
         vstore(&tot[r][j * VL], vfma(vload(dm + w + (j0 + j) * VL), ms, t));
       }
     }
@@ -282,7 +291,7 @@ static void qgemm_part(const Packed* p, const float* x, int M, int ldx, float* y
   int v0 = int(int64_t(p->nvec) * tid / nthreads), v1 = int(int64_t(p->nvec) * (tid + 1) / nthreads);
 #ifdef DG_QDOT
   static thread_local QRows xr;  // every thread quantizes all rows itself: M * K work, no barrier
-  if (v0 < v1) xr.quantize(x, M, ldx, p->K, p->group);
+  if (int_kernel<FMT>() && v0 < v1) xr.quantize(x, M, ldx, p->K, p->group);
 #endif
   while (v0 < v1) {
     int t = v0 / NV_TILE, in_tile = v0 - t * NV_TILE;
@@ -291,12 +300,15 @@ static void qgemm_part(const Packed* p, const float* x, int M, int ldx, float* y
     for (int r0 = 0; r0 < M;) {
       int mr = std::min(M - r0, MR_MAX[NV_TILE]);
 #ifdef DG_QDOT
-      auto fn = p->group == 16 ? qdot_pick<FMT, 16>(mr, nv) : qdot_pick<FMT, 32>(mr, nv);
-      fn(xr, r0, base + qtile_offset(p, t), w, in_tile, p->K, y + size_t(r0) * ldy + col, ldy, p->N - col, add);
-#else
+      if constexpr (int_kernel<FMT>()) {
+        auto fn = p->group == 16 ? qdot_pick<FMT, 16>(mr, nv) : qdot_pick<FMT, 32>(mr, nv);
+        fn(xr, r0, base + qtile_offset(p, t), w, in_tile, p->K, y + size_t(r0) * ldy + col, ldy, p->N - col, add);
+        r0 += mr;
+        continue;
+      }
+#endif
       qpick<FMT>(mr, nv)(x + size_t(r0) * ldx, ldx, base + qtile_offset(p, t), w, in_tile, p->K, p->group,
                          y + size_t(r0) * ldy + col, ldy, p->N - col, add);
-#endif
       r0 += mr;
     }
     v0 += nv;

@@ -140,6 +140,45 @@ static inline V vpow2i(V n) { DG_LANES(std::ldexp(1.0f, int(n.v[i]))); }
 static inline const char* isa_name() { return "portable"; }
 #endif
 
+// 32-bit integer lanes (VL of them) for the quantized kernels' 8-bit dot products (qgemm.h).
+#if defined(__AVX512F__)
+using VI = __m512i;
+static inline VI vi_zero() { return _mm512_setzero_si512(); }
+static inline VI vi_load(const void* p) { return _mm512_loadu_si512(p); }
+static inline void vi_store(int32_t* p, VI a) { _mm512_storeu_si512(p, a); }
+static inline VI vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
+static inline VI vi_sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+static inline VI vi_clamp127(VI a) { return _mm512_max_epi32(_mm512_min_epi32(a, vi_set1(127)), vi_set1(-127)); }
+static inline VI vi_round(V a) { return _mm512_cvtps_epi32(a); }  // to nearest even (MXCSR's default)
+static inline V vi_to_ps(VI a) { return _mm512_cvtepi32_ps(a); }
+static inline VI vi_low4(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }  // of every byte
+static inline VI vi_high4(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+// acc + per 32-bit lane the 4 products of w's unsigned bytes with x's signed bytes. Without VNNI the
+// byte pairs add in 16 bits first, exact while w's bytes are below 129 (4-bit codes).
+static inline VI vdot4(VI acc, VI w, VI x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, w, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+#endif
+}
+#elif defined(__AVX2__)
+using VI = __m256i;
+static inline VI vi_zero() { return _mm256_setzero_si256(); }
+static inline VI vi_load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+static inline void vi_store(int32_t* p, VI a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), a); }
+static inline VI vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
+static inline VI vi_sub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+static inline VI vi_clamp127(VI a) { return _mm256_max_epi32(_mm256_min_epi32(a, vi_set1(127)), vi_set1(-127)); }
+static inline VI vi_round(V a) { return _mm256_cvtps_epi32(a); }
+static inline V vi_to_ps(VI a) { return _mm256_cvtepi32_ps(a); }
+static inline VI vi_low4(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+static inline VI vi_high4(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+static inline VI vdot4(VI acc, VI w, VI x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+#endif
+
 // Quantized weight codes, VL of them as floats (exact: small integers). vq4: the low (hi = false)
 // or high nibbles of VL bytes; vq8: VL signed bytes.
 static inline V vq4(const uint8_t* p, bool hi) {
