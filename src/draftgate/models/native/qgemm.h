@@ -1,5 +1,5 @@
 // Quantized weights in the few-row products of gemm.h: GGUF's own blocks (Q4_0, Q4_1, Q8_0, Q4_K,
-// Q6_K), repacked once into column tiles and dequantized in registers inside the microkernel.
+// Q6_K), repacked once into column tiles and multiplied from their codes inside the microkernels.
 //
 // Every GGUF format here is "integer code q, per-group scale d and offset m along K": a weight is
 // d * q + m (m = 0 for the symmetric formats; K-quants' 6-bit sub-block scales multiply into d and
@@ -9,7 +9,7 @@
 //   the low nibble of byte i, vector 1's in the high one: VL bytes a row); Q8 one signed byte each.
 // A tile is still one sequential stream, about 0.75-1.25 bytes a weight instead of 4.
 //
-// Two kernels, by instruction set:
+// Two kernels, by tile format and instruction set:
 // - integer (AVX-512 VNNI for every tile; AVX-512 and AVX2 for Q4 tiles): like llama.cpp, each
 //   row's activations are quantized to 8 bits per group (x ~ dx * xq, |xq| <= 127, from that row
 //   alone), and a group's products are exact integer dot products (vpdpbusd, or maddubs + madd:
@@ -49,7 +49,7 @@ constexpr bool int_kernel() {
 static inline int qrow_bytes(const Packed* p, int w) { return p->dtype == Q4 ? VL : w; }
 
 // Byte of code (kk, c) in a group's codes, and Q8's stored offset (Q4 nibbles: c < VL low, else high).
-// Row layout: G rows of qrow_bytes. DG_QDOT: groups of 4 k per 32-bit lane, G/4 rows of 4 * qrow_bytes.
+// Row layout: G rows of qrow_bytes. Tiles of the integer kernel: 4 k per 32-bit lane, G/4 rows of 4 * qrow_bytes.
 static inline size_t code_at(const Packed* p, int w, int kk, int c) {
   const int cc = p->dtype == Q4 ? c % VL : c;
   if (p->dtype == Q4 ? int_kernel<Q4>() : int_kernel<Q8>())
