@@ -210,10 +210,17 @@ def test_real_bfloat16_speculation_equals_bfloat16_plain(
 ) -> None:
     """Reduced-precision weights stay exact: the native forward is batch invariant in any weight dtype
     (PyTorch's bf16 CPU kernels changed 16 of 20 greedy answers, docs/BENCHMARKS.md)."""
+    _assert_speculation_equals_plain(real_bf16_engine, real_model, real_ids, kind, k)
+
+
+def _assert_speculation_equals_plain(
+    base: Engine, loaded: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
+) -> None:
+    """Drafter ``kind`` over base's runner gives base's own greedy tokens on REAL_PROMPTS, and drafts."""
     params = SamplingParams(max_new_tokens=REAL_NEW)
     prompts = [real_ids[p] for p in REAL_PROMPTS]
-    plain = [real_bf16_engine.complete(ids, params).token_ids for ids in prompts]
-    with running(spec_engine(real_bf16_engine, real_model, kind, k)) as eng:
+    plain = [base.complete(ids, params).token_ids for ids in prompts]
+    with running(spec_engine(base, loaded, kind, k)) as eng:
         res = run_batch(eng, prompts, params)
     assert [r.token_ids for r in res] == plain
     assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"
@@ -240,14 +247,9 @@ def real_q4_engine(real_model: LoadedModel) -> Iterator[Engine]:
 def test_real_quantized_speculation_equals_quantized_plain(
     real_q4_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
 ) -> None:
-    """GGUF's own quantization stays exact: the quantized products are batch invariant too."""
-    params = SamplingParams(max_new_tokens=REAL_NEW)
-    prompts = [real_ids[p] for p in REAL_PROMPTS]
-    plain = [real_q4_engine.complete(ids, params).token_ids for ids in prompts]
-    with running(spec_engine(real_q4_engine, real_model, kind, k)) as eng:
-        res = run_batch(eng, prompts, params)
-    assert [r.token_ids for r in res] == plain
-    assert sum(r.stats.accepted_tokens for r in res) > 0, "speculation was not exercised"
+    """GGUF's own quantization stays exact: the quantized products are batch invariant too. The drafter
+    is built for the quantized model, as --dtype auto builds it (auto: lookups and the draft head)."""
+    _assert_speculation_equals_plain(real_q4_engine, _real_blocks(real_model), real_ids, kind, k)
 
 
 @pytest.mark.real_model

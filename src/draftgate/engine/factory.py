@@ -51,8 +51,7 @@ def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     if cfg.draft_head == NO_HEAD:
         raise ModelLoadError("--drafter eagle needs a draft head; --draft-head none turns the head off for auto only")
     head = load_head(cfg.draft_head, target)
-    dtype = target.weights["model.embed_tokens.weight"].dtype
-    if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
+    if _runs_native(cfg, target):
         # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md).
         head.use_native(load_library(cfg.cache_dir or default_cache_dir()))
     return EagleDrafter(head, min_branch=cfg.draft_branch or None)
@@ -98,8 +97,7 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
     if cfg.draft_head is None:
         if not features:
             return None
-        dtype = target.weights["model.embed_tokens.weight"].dtype
-        if target.blocks is None and Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE:
+        if target.blocks is None and _runs_native(cfg, target):
             # One-hot drafts: auto mixes it with lookups, whose turns follow earlier requests' answers,
             # and a seeded request must not depend on which rounds a sampled q drafted.
             return ModelDrafter(build_runner(cfg, quant_copy(cfg, target)), name="quant", one_hot=True)
@@ -112,11 +110,16 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
     return _eagle(cfg, target)
 
 
+def _runs_native(cfg: EngineConfig, target: LoadedModel) -> bool:
+    """Whether the target's forward runs on the native CPU kernels under this config."""
+    dtype = target.weights["model.embed_tokens.weight"].dtype
+    return Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE
+
+
 def quant_copy(cfg: EngineConfig, target: LoadedModel) -> LoadedModel:
     """The target with quantized weights for the ``quant`` self-draft: a GGUF file's own blocks, else
     Q4_1 products and a Q8_0 embedding/head quantized here (about a quarter of float32's bytes)."""
-    dtype = target.weights["model.embed_tokens.weight"].dtype
-    if Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is not Kernels.NATIVE:
+    if not _runs_native(cfg, target):
         raise ModelLoadError("drafter 'quant' runs on the native CPU kernels; drop --kernels torch or use --device cpu")
     if target.blocks is not None:
         raise ModelLoadError(

@@ -21,11 +21,14 @@ from safetensors.torch import save_file
 
 from draftgate.errors import ModelLoadError
 
-__all__ = ["Blocks", "GGML_TYPES", "QUANT_FORMATS", "hf_name", "read_blocks", "load_blocks", "quantize"]
+__all__ = [
+    "Blocks", "BLOCK_LAYOUT", "GGML_TYPES", "LAYER_WEIGHTS", "QUANT_FORMATS",
+    "cache_file", "hf_name", "read_blocks", "load_blocks", "quantize",
+]  # fmt: skip
 
 # ggml type ids of the formats the native packer reads, and (weights, bytes) per block.
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+BLOCK_LAYOUT = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 QUANT_FORMATS = ("q4_1", "q8_0")  # what ``quantize`` makes
 
 _GGUF_NAMES = {
@@ -39,6 +42,7 @@ _GGUF_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+LAYER_WEIGHTS = tuple(_GGUF_NAMES.values())  # every layer's weights, HF names without "model.layers.{i}."
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output.weight": "lm_head.weight",
@@ -104,15 +108,19 @@ def read_blocks(reader: Any, num_heads: int, num_kv_heads: int) -> dict[str, Blo
     return out
 
 
-def _cache_file(path: Path, cache_dir: Path) -> Path:
+def cache_file(path: Path, cache_dir: Path | None, version: str, suffix: str) -> Path | None:
+    """Where something parsed from the file at ``path`` is cached: keyed by its path, size and mtime and
+    by what was parsed (``version``); None without a cache folder."""
+    if cache_dir is None:
+        return None
     st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:blocks-v1".encode()).hexdigest()[:16]
-    return cache_dir / f"{path.stem}-{key}.blocks.safetensors"
+    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{version}".encode()).hexdigest()[:16]
+    return cache_dir / f"{path.stem}-{key}{suffix}"
 
 
 def load_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: Path | None) -> dict[str, Blocks]:
     """``read_blocks`` of a GGUF file, cached as uint8 safetensors (parsing GGUF metadata takes ~10 s)."""
-    cached = _cache_file(path, cache_dir) if cache_dir is not None else None
+    cached = cache_file(path, cache_dir, "blocks-v1", ".blocks.safetensors")
     if cached is not None and cached.is_file():
         with safe_open(str(cached), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["blocks"])

@@ -6,7 +6,6 @@ safetensors file so later loads take about a second.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass, replace
@@ -20,7 +19,14 @@ from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig
-from draftgate.models.gguf_blocks import Blocks, hf_name, load_blocks, unpermute
+from draftgate.models.gguf_blocks import (
+    LAYER_WEIGHTS,
+    Blocks,
+    cache_file,
+    hf_name,
+    load_blocks,
+    unpermute,
+)
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.tokenizer import TextTokenizer
 
@@ -172,7 +178,6 @@ def save_hf_folder(model: LoadedModel, folder: Path) -> None:
 # ---------------------------------------------------------------------------- GGUF
 
 
-
 def gguf_fields(reader: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, f in reader.fields.items():
@@ -220,11 +225,7 @@ def gguf_config(fields: dict[str, Any], path: Path) -> ModelConfig:
 
 
 def _cache_file(path: Path, cache_dir: Path | None) -> Path | None:
-    if cache_dir is None:
-        return None
-    st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()).hexdigest()[:16]
-    return cache_dir / f"{path.stem}-{key}.safetensors"
+    return cache_file(path, cache_dir, "v2", ".safetensors")  # the float32 weights
 
 
 def _load_gguf(path: Path, cache_dir: Path | None) -> LoadedModel:
@@ -288,18 +289,10 @@ def dequantize_gguf(reader: Any, config: ModelConfig) -> dict[str, torch.Tensor]
     return weights
 
 
-_LAYER_NAMES = [
-    *(f"self_attn.{n}_proj" for n in "qkvo"),
-    *(f"mlp.{n}_proj" for n in ("gate", "up", "down")),
-    "input_layernorm",
-    "post_attention_layernorm",
-]
-
-
 def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: Path) -> None:
     need = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(config.num_layers):
-        need += [f"model.layers.{i}.{n}.weight" for n in _LAYER_NAMES]
+        need += [f"model.layers.{i}.{n}.weight" for n in LAYER_WEIGHTS]
     missing = [n for n in need if n not in weights]
     if missing:
         raise ModelLoadError(f"{src}: missing weights {missing[:3]}{'...' if len(missing) > 3 else ''}")

@@ -11,10 +11,12 @@ Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md):
   own position only, so a position's logits are bitwise the same alone, in a K+1-row verify and
   in a ragged batch (tests/models/test_invariance.py checks it on the real model).
 
-Weights may be stored as float32, bfloat16 or float16, or as a GGUF file's own quantized blocks
-(Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ``gguf_blocks``), dequantized in registers inside the product's
-tiles; activations, the KV cache and every sum are float32, so every format keeps the same
-invariance (speculation stays exact against plain decoding of the same weights).
+Weights may be stored as float32, bfloat16 or float16 (activations, the KV cache and every sum
+float32), or as a GGUF file's own quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ``gguf_blocks``),
+multiplied from their codes inside the product's tiles (``native/qgemm.h``: with 8-bit activations
+as llama.cpp does, where the CPU has the integer dot products). Every format computes a row from
+that row alone, so each keeps the same invariance (speculation stays exact against plain decoding
+of the same weights).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class NativeLlama:
         self.dtype = embed.dtype
         self._source = weakref.ref(embed)  # what ``shared`` matches (an id alone may be reused)
         self._blocks = blocks
-        self.formats: dict[str, int] = {}  # packed products per storage format (float32, q4, ...)
+        self._formats: set[str] = set()  # the packed products' storage formats (float32, q4, ...)
         self._keep: list[torch.Tensor] = []  # tensors the C side points into
         self._packed: list[int] = []
         inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]
@@ -160,9 +162,8 @@ class NativeLlama:
         """The weights ``parts`` ([N_i, K] each) stacked into one product: from their quantized blocks
         where ``blocks`` has every part, else from the float tensors."""
         c = self.lib.cdll
-        qs = [self._blocks.get(n) for n in names] if self._blocks is not None else [None]
-        if all(b is not None for b in qs):
-            qb = [b for b in qs if b is not None]
+        qb = [b for n in names if (b := (self._blocks or {}).get(n)) is not None]
+        if len(qb) == len(names):
             data = [b.data.contiguous() for b in qb]  # copied into the tiles
             ptrs = (ctypes.c_void_p * len(qb))(*[d.data_ptr() for d in data])
             types = (ctypes.c_int * len(qb))(*[b.ggml_type for b in qb])
@@ -176,14 +177,13 @@ class NativeLlama:
         if not h:
             raise MemoryError(f"packing a [{N}, {K}] weight failed: {c.dg_last_error().decode()}")
         self._packed.append(h)
-        fmt = _FORMATS[c.dg_packed_dtype(h)]
-        self.formats[fmt] = self.formats.get(fmt, 0) + 1
+        self._formats.add(_FORMATS[c.dg_packed_dtype(h)])
         return h
 
     @property
     def weight_format(self) -> str:
         """The products' storage, e.g. ``float32`` or ``q4`` (``q4+q8``: mixed)."""
-        return "+".join(sorted(self.formats))
+        return "+".join(sorted(self._formats))
 
     def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> ForwardOutput:
         """Logits [R, V] float32 of the batch's logit rows (V: the full vocabulary) and their argmax."""

@@ -1,8 +1,8 @@
 """Compile the native kernels for this CPU once, cache the library, load it with ctypes.
 
 The C++ sources beside this file are compiled on first use with the system C++ compiler (about
-5 s) for the best instruction set this CPU has: ``avx512vnni`` (x86-64-v4 and AVX-512 VNNI: the
-quantized products use 8-bit integer dot products), ``avx512`` (x86-64-v4), ``avx2`` (x86-64-v3:
+5 s) for the best instruction set this CPU has: ``avx512vnni`` (x86-64-v4 and AVX-512 VNNI: 8-bit
+integer dot products on every quantized tile, not only the 4-bit ones), ``avx512`` (x86-64-v4), ``avx2`` (x86-64-v3:
 AVX2, FMA, F16C) or ``portable`` (plain C++). The CPU of a machine can change between runs (a
 cloud VM), so the level is detected every time and is part of the cache key with the sources,
 the flags and the compiler's version. No flag may reorder floating-point sums
