@@ -27,7 +27,7 @@ def test_native_products_compute_what_torch_computes(tiny_model: LoadedModel, dt
         assert cache.n == T + 1
         out.append(logits)
         hs.append(torch.cat([h0, h]))
-        caches.append(torch.cat([cache.k[:, : cache.n], cache.v[:, : cache.n]]))
+        caches.append(torch.cat([cache.keys(), cache.values()]))  # [2 Hkv, n, D]
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out[1], out[0], atol=tol * float(out[0].abs().max()), rtol=tol)
     torch.testing.assert_close(hs[1], hs[0], atol=tol * float(hs[0].abs().max()), rtol=tol)
@@ -63,7 +63,7 @@ def test_a_batch_of_sequences_steps_as_each_one_alone(tiny_model: LoadedModel) -
             assert caches[b].n == c.n == lens[b] + 1
             if exact:
                 assert torch.equal(h2[b], hb) and torch.equal(logits2[b], lb)
-                assert torch.equal(caches[b].k[:, : c.n], c.k[:, : c.n])
+                assert torch.equal(caches[b].keys(), c.keys()) and torch.equal(caches[b].values(), c.values())
             else:
                 torch.testing.assert_close(logits2[b], lb, atol=1e-4 * float(lb.abs().max()), rtol=1e-4)
     with pytest.raises(ValueError, match="one cache"):

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from levels_support import skip_unless_here
 
 from draftgate.models import native
 from draftgate.models.batch import ForwardOutput
 from draftgate.models.gguf_blocks import load_blocks, quantize
 from draftgate.models.loader import LoadedModel
-from draftgate.models.native import LEVELS, NativeLib, cpu_level
+from draftgate.models.native import LEVELS, NativeLib
 from draftgate.models.native_llama import NativeLlama
 from draftgate.models.runner import ForwardItem, Kernels, ModelRunner
 
@@ -93,14 +94,10 @@ def test_real_model_logits_are_batch_invariant(real_model: LoadedModel, dtype: t
     runner.kv.check_no_leaks()
 
 
-def _levels_here() -> list[str]:
-    """Kernel levels this CPU can run: its own and every lower one."""
-    return list(LEVELS[LEVELS.index(cpu_level()) :])
-
-
-@pytest.mark.parametrize("level", _levels_here())
+@pytest.mark.parametrize("level", LEVELS)
 def test_every_kernel_level_is_invariant_and_matches_torch(tiny_model: LoadedModel, level: str, tmp_path) -> None:
     """Each instruction-set build (AVX-512, AVX2, portable) is invariant and agrees with PyTorch."""
+    skip_unless_here(level)
     lib = native.load_library(tmp_path, level=level)
     assert lib.cdll.dg_isa().decode() == level
     runner = _runner_on(tiny_model, lib)
@@ -112,13 +109,14 @@ def test_every_kernel_level_is_invariant_and_matches_torch(tiny_model: LoadedMod
     assert (a - b).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("level", _levels_here())
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_every_kernel_level_is_invariant_on_quantized_weights(
     tiny_model: LoadedModel, level: str, fmt: str, tmp_path
 ) -> None:
     """The whole forward on quantized blocks (every product, the tied-or-not head, the embedding
     lookup), at each instruction-set level; the products' own formats: tests/models/test_quant.py."""
+    skip_unless_here(level)
     lib = native.load_library(tmp_path, level=level)
     blocks = {k: quantize(w, fmt) for k, w in tiny_model.weights.items() if w.ndim == 2}
     model = replace(tiny_model, blocks=blocks)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_invariance import _levels_here, _tokens
+from levels_support import skip_unless_here
+from test_invariance import _tokens
 
 from draftgate.models import native
 from draftgate.models.loader import LoadedModel
+from draftgate.models.native import LEVELS
 from draftgate.models.native_llama import NativeLlama
 from draftgate.models.runner import ForwardItem, Kernels, ModelRunner
 
@@ -87,8 +89,9 @@ def test_real_model_tree_nodes_are_plain_decoding(real_model: LoadedModel) -> No
     check_tree(runner, real_model)
 
 
-@pytest.mark.parametrize("level", _levels_here())
+@pytest.mark.parametrize("level", LEVELS)
 def test_every_kernel_level_computes_tree_nodes_exactly(tiny_model: LoadedModel, level: str, tmp_path) -> None:
+    skip_unless_here(level)
     runner = ModelRunner(tiny_model, num_blocks=64, block_size=8, enable_prefix_cache=False)
     runner.model = NativeLlama(tiny_model.config, tiny_model.weights, native.load_library(tmp_path, level=level))
     check_tree(runner, tiny_model)

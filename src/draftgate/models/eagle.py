@@ -10,13 +10,13 @@ head's own output of draft j - 1 ("training-time test" in EAGLE-3 trains exactly
 
 The embedding and the output rows are the target's, frozen and never saved: the folder a head
 saves to and loads from, and the check that it belongs to this target, are ``eagle_format``'s;
-drafting on the native kernels (``use_native``) is ``eagle_native``'s.
+a sequence's entries (``HeadCache``) are ``eagle_cache``'s; drafting on the native kernels
+(``use_native``) is ``eagle_native``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -25,9 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.eagle_cache import HeadCache
 from draftgate.models.eagle_format import read_head, write_head
-from draftgate.models.eagle_native import NativeHead
+from draftgate.models.eagle_native import TENSORS, NativeHead
 from draftgate.models.native.build import NativeLib
+from draftgate.models.rope import apply_rope, rope_cos_sin
 
 __all__ = ["EagleHead", "HeadCache", "default_feature_layers"]
 
@@ -37,23 +39,6 @@ _MODULES = {"fuse": "fuse", "inp": "inp", "o": "o_proj", "down": "down_proj"}  #
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """Low, mid and high (EAGLE-3): after layer 2, after the middle layer, and the final normed hidden."""
     return tuple(sorted({min(2, num_layers), num_layers // 2, num_layers}))
-
-
-@dataclass
-class HeadCache:
-    """One sequence's head entries: keys and values at positions 0..n-1 of its own attention."""
-
-    k: torch.Tensor  # [Hkv, cap, D]
-    v: torch.Tensor  # [Hkv, cap, D]
-    n: int = 0  # entries held
-    start: int = 0  # position of entry 0 (a prefix-cached prompt has no features before it)
-
-    def reserve(self, m: int) -> None:
-        """Room for m more entries: the capacity grows by itself or by m, whichever is more."""
-        if self.n + m > self.k.shape[1]:
-            more = max(self.k.shape[1], m)
-            pad = torch.zeros(self.k.shape[0], more, self.k.shape[2])
-            self.k, self.v = torch.cat([self.k, pad], 1), torch.cat([self.v, pad.clone()], 1)
 
 
 class EagleHead(nn.Module):
@@ -138,17 +123,6 @@ class EagleHead(nn.Module):
         e = self.embed[tokens]  # [..., C]
         return self._lin("inp", torch.cat([self._rms(e, self.norm_e), self._rms(g, self.norm_g)], dim=-1))
 
-    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, D] at positions pos [T]."""
-        f = pos.to(torch.float32)[..., None] * self.inv_freq  # [T, D/2]
-        emb = torch.cat([f, f], dim=-1)  # [T, D]
-        return emb.cos(), emb.sin()
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
     def _qkv(self, u: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """u [B, T, C] at positions pos [T] -> q [B, H, T, D], k and v [B, Hkv, T, D]."""
         c = self.tcfg
@@ -156,9 +130,9 @@ class EagleHead(nn.Module):
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         h = self._rms(u, self.norm_attn)
         q, k, v = self._lin("qkv", h).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        cos, sin = self._rope(pos)
-        q = self._rotate(q.view(B, T, H, D).transpose(1, 2), cos, sin)
-        k = self._rotate(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)
+        cos, sin = rope_cos_sin(pos, self.inv_freq)  # [T, D]
+        q = apply_rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, T, Hkv, D).transpose(1, 2), cos, sin)
         return q, k, v.view(B, T, Hkv, D).transpose(1, 2)
 
     def _finish(self, u: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -191,10 +165,18 @@ class EagleHead(nn.Module):
         token), which the engine would otherwise learn as the head's catch-up price."""
         if not self.training and self.out_rows is not None:
             if self._native is not None:
-                self._native.handle(self, self._products())
+                self._bound_native()
             else:
                 self._products()
         return self
+
+    def _bound_native(self) -> NativeHead:
+        """The native side with the products packed and the step's C struct built (once)."""
+        assert self._native is not None and self.embed is not None
+        self._products()
+        if not self._native.bound:
+            self._native.bind(self.tcfg, {k: getattr(self, k) for k in TENSORS}, self.embed)
+        return self._native
 
     def _drop_fast(self) -> None:
         """Forget the frozen products and the native step's struct (weights or kernels changed)."""
@@ -286,9 +268,7 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------- inference
 
     def new_cache(self, capacity: int, start: int = 0) -> HeadCache:
-        c = self.tcfg
-        z = torch.zeros(c.num_kv_heads, capacity, c.head_dim)
-        return HeadCache(z, z.clone(), 0, start)
+        return HeadCache.empty(self.tcfg.num_kv_heads, self.tcfg.head_dim, capacity, start)
 
     @torch.inference_mode()
     def step(
@@ -327,7 +307,7 @@ class EagleHead(nn.Module):
             hs = [self.extend(c, self.fused(x) if feats is not None else x, t) for c, x, t in zip(caches, x_list, tokens, strict=True)]
             h = torch.stack(hs)  # [B, C]
             return h, self.logits(h)
-        return self._native.step(self, self._products(), caches, tokens, x_list, feats is not None)
+        return self._bound_native().step(caches, tokens, x_list, feats is not None)
 
     @torch.inference_mode()
     def extend(self, cache: HeadCache, g: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -336,15 +316,13 @@ class EagleHead(nn.Module):
         True features' entries stay; a draft's entries are dropped again with ``truncate``.
         """
         m = g.shape[0]
-        cache.reserve(m)
         u = self._input(g, tokens)[None]  # [1, m, C]
         pos = torch.arange(cache.start + cache.n, cache.start + cache.n + m)
         q, k, v = self._qkv(u, pos)  # q [1, H, m, D], k v [1, Hkv, m, D]
-        cache.k[:, cache.n : cache.n + m] = k[0]
-        cache.v[:, cache.n : cache.n + m] = v[0]
+        cache.write(k[0], v[0])
         n = cache.n + m
         a = F.scaled_dot_product_attention(
-            q[:, :, -1:], cache.k[None, :, :n], cache.v[None, :, :n], enable_gqa=True
+            q[:, :, -1:], cache.keys(n)[None], cache.values(n)[None], enable_gqa=True
         )  # [1, H, 1, D]: only the last entry's output is needed
         cache.n = n
         return self._finish(u[:, -1:], a)[0, 0]  # [C]

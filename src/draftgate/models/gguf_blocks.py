@@ -8,7 +8,6 @@ Q8_0 blocks from float weights (the quantized self-draft of a float target).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from draftgate.errors import ModelLoadError
+from draftgate.models.gguf_file import cache_file, open_gguf
 
 __all__ = [
     "Blocks", "BLOCK_LAYOUT", "GGML_TYPES", "LAYER_WEIGHTS", "QUANT_FORMATS",
-    "cache_file", "hf_name", "read_blocks", "load_blocks", "quantize",
+    "hf_name", "unpermute", "read_blocks", "load_blocks", "quantize",
 ]  # fmt: skip
 
 # ggml type ids of the formats the native packer reads, and (weights, bytes) per block.
@@ -108,16 +108,6 @@ def read_blocks(reader: Any, num_heads: int, num_kv_heads: int) -> dict[str, Blo
     return out
 
 
-def cache_file(path: Path, cache_dir: Path | None, version: str, suffix: str) -> Path | None:
-    """Where something parsed from the file at ``path`` is cached: keyed by its path, size and mtime and
-    by what was parsed (``version``); None without a cache folder."""
-    if cache_dir is None:
-        return None
-    st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{version}".encode()).hexdigest()[:16]
-    return cache_dir / f"{path.stem}-{key}{suffix}"
-
-
 def load_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: Path | None) -> dict[str, Blocks]:
     """``read_blocks`` of a GGUF file, cached as uint8 safetensors (parsing GGUF metadata takes ~10 s)."""
     cached = cache_file(path, cache_dir, "blocks-v1", ".blocks.safetensors")
@@ -125,9 +115,7 @@ def load_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: Path |
         with safe_open(str(cached), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["blocks"])
             return {k: Blocks(meta[k][0], f.get_tensor(k), int(meta[k][1])) for k in f.keys()}
-    from draftgate.models.loader import _open_gguf
-
-    blocks = read_blocks(_open_gguf(path), num_heads, num_kv_heads)
+    blocks = read_blocks(open_gguf(path), num_heads, num_kv_heads)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")

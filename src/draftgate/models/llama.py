@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from draftgate.models.batch import ForwardOutput, RaggedBatch
 from draftgate.models.config import ModelConfig, rope_inv_freq
+from draftgate.models.rope import apply_rope, rope_cos_sin
 
 __all__ = ["VOCAB_SUBSET_KEY", "LlamaModel", "AttentionLayout", "KVCache"]
 
@@ -165,9 +166,8 @@ class LlamaModel:
         self._inv_freq = inv_freq
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self._inv_freq[None, :]  # [N, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [N, D]
-        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]  # [N, 1, D]
+        cos, sin = rope_cos_sin(positions, self._inv_freq)  # [N, D]
+        return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]  # [N, 1, D]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -194,8 +194,7 @@ class LlamaModel:
             q = qkv[:, : H * D].view(N, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].view(N, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kc, vc = kv.k[li], kv.v[li]  # [num_slots, Hkv, D]
             kc.index_copy_(0, layout.write_slots, k)
             vc.index_copy_(0, layout.write_slots, v)
@@ -250,8 +249,3 @@ def _ancestry(parents: list[int], device: torch.device) -> torch.Tensor:
         if p >= 0:
             m[i] |= m[p]
     return m.to(device)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -19,14 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig
-from draftgate.models.gguf_blocks import (
-    LAYER_WEIGHTS,
-    Blocks,
-    cache_file,
-    hf_name,
-    load_blocks,
-    unpermute,
-)
+from draftgate.models.gguf_blocks import LAYER_WEIGHTS, Blocks, hf_name, load_blocks, unpermute
+from draftgate.models.gguf_file import cache_file, gguf_fields, open_gguf
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.tokenizer import TextTokenizer
 
@@ -127,7 +121,7 @@ def load_model_info(name_or_path: str, cache_dir: Path | None = None) -> LoadedM
             raise ModelLoadError(f"{path}: not a .gguf file or a folder with config.json")
         cached = _cache_file(path, cache_dir)
         meta = cached.with_suffix(".json") if cached is not None else None
-        fields = json.loads(meta.read_text()) if meta is not None and meta.is_file() else gguf_fields(_open_gguf(path))
+        fields = json.loads(meta.read_text()) if meta is not None and meta.is_file() else gguf_fields(open_gguf(path))
         tok = TextTokenizer.from_gguf_fields(fields)
         config = replace(gguf_config(fields, path), eos_token_ids=tok.eos_ids)
         return LoadedModel(config, {}, tok, path, gguf_path=path)
@@ -178,25 +172,6 @@ def save_hf_folder(model: LoadedModel, folder: Path) -> None:
 # ---------------------------------------------------------------------------- GGUF
 
 
-def gguf_fields(reader: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, f in reader.fields.items():
-        try:
-            out[k] = f.contents()
-        except Exception:  # exotic field types we do not need
-            continue
-    return out
-
-
-def _open_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(str(path))
-    except Exception as e:  # the reader raises bare ValueError/struct errors on junk
-        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
-
-
 def gguf_config(fields: dict[str, Any], path: Path) -> ModelConfig:
     arch = fields.get("general.architecture")
     if arch != "llama":
@@ -238,7 +213,7 @@ def _load_gguf(path: Path, cache_dir: Path | None) -> LoadedModel:
         config = gguf_config(fields, path)
         weights = load_file(str(cached))
     else:
-        reader = _open_gguf(path)
+        reader = open_gguf(path)
         fields = gguf_fields(reader)
         config = gguf_config(fields, path)
         weights = dequantize_gguf(reader, config)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -187,45 +188,90 @@ class NativeLlama:
 
     def forward(self, batch: RaggedBatch, kv: NativeKVCache) -> ForwardOutput:
         """Logits [R, V] float32 of the batch's logit rows (V: the full vocabulary) and their argmax."""
-        tokens = _i64(batch.tokens)  # [N]
-        positions = _i64(batch.positions())  # [N]
-        row_seq = torch.tensor(batch.row_seq(), dtype=torch.int32)  # [N]
-        tree = batch.parents is not None
-        slot_index = _i64(batch.slot_indices()) if tree else None  # [N]
-        parent = torch.tensor(batch.flat_parents(), dtype=torch.int32) if tree else None  # [N]
-        tables = torch.tensor([b for t in batch.block_tables for b in t], dtype=torch.int32)  # [sum of tables]
-        offsets = [0]
-        for t in batch.block_tables:
-            offsets.append(offsets[-1] + len(t))
-        table_off = _i64(offsets)  # [B+1]
-        logit_rows = _i64(batch.logit_rows())  # [R]
-        R = logit_rows.shape[0]
-        logits = torch.empty(R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
-        argmax = torch.empty(R, dtype=torch.int64)  # [R]
-        feat_layers = torch.tensor(batch.feature_layers, dtype=torch.int32)  # [n_feat]
-        n_feat = feat_layers.shape[0]
-        feat_rows = _i64(batch.feature_rows()) if n_feat else None  # [RF]
-        RF = feat_rows.shape[0] if feat_rows is not None else 0
-        features = torch.empty(RF, n_feat, self.cfg.hidden_size, dtype=torch.float32) if n_feat else None  # [RF, n_feat, C]
+        x = _Inputs.of(batch)
+        C = self.cfg.hidden_size
+        features = torch.empty(x.RF, x.n_feat, C, dtype=torch.float32) if x.n_feat else None  # [RF, n_feat, C]
+        logits = torch.empty(x.R, self.head_rows, dtype=torch.float32)  # [R, V or Vs]
+        out = ForwardOutput(logits, torch.empty(x.R, dtype=torch.int64), features)  # argmax [R]
+        self._run(x, batch.block_size, kv, out)
+        return self._full_vocabulary(out)
+
+    def _run(self, x: _Inputs, block_size: int, kv: NativeKVCache, out: ForwardOutput) -> None:
+        """One dg_forward call: the batch ``x`` over the cache ``kv``, into ``out``'s tensors."""
         _, slots, Hkv, D = kv.v.shape
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         rc = self.lib.cdll.dg_forward(
-            self._model, tokens.shape[0], tokens.data_ptr(), positions.data_ptr(), row_seq.data_ptr(),
-            slot_index.data_ptr() if slot_index is not None else None,
-            parent.data_ptr() if parent is not None else None, len(batch.block_tables), tables.data_ptr(), table_off.data_ptr(), batch.block_size,
-            kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, R, logit_rows.data_ptr(), logits.data_ptr(),
-            argmax.data_ptr(), n_feat, feat_layers.data_ptr() if n_feat else None, RF,
-            feat_rows.data_ptr() if feat_rows is not None else None,
-            features.data_ptr() if features is not None else None,
+            self._model, x.tokens.shape[0], ptr(x.tokens), ptr(x.positions), ptr(x.row_seq), ptr(x.slot_index),
+            ptr(x.parent), x.B, ptr(x.tables), ptr(x.table_off), block_size,
+            kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, x.R, ptr(x.logit_rows), ptr(out.logits),
+            ptr(out.argmax), x.n_feat, ptr(x.feat_layers) if x.n_feat else None, x.RF, ptr(x.feat_rows),
+            ptr(out.features),
         )  # fmt: skip
         if rc != 0:
             msg = self.lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native forward failed: {msg}")
+
+    def _full_vocabulary(self, out: ForwardOutput) -> ForwardOutput:
+        """``out`` over the full vocabulary: a vocabulary subset's rows placed at their token ids (-inf elsewhere)."""
         if self.out_ids is None:
-            return ForwardOutput(logits, argmax, features)
-        full = logits.new_full((R, self.cfg.vocab_size), float("-inf"))  # [R, V]
-        full[:, self.out_ids] = logits
+            return out
+        R = out.logits.shape[0]
+        full = out.logits.new_full((R, self.cfg.vocab_size), float("-inf"))  # [R, V]
+        full[:, self.out_ids] = out.logits
+        argmax = out.argmax
         ids = torch.where(argmax >= 0, self.out_ids[argmax.clamp(min=0)], -1)  # [R] subset row -> token id
-        return ForwardOutput(full, ids, features)
+        return ForwardOutput(full, ids, out.features)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """A ragged batch as dg_forward reads it: contiguous int64 / int32 tensors."""
+
+    tokens: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    row_seq: torch.Tensor  # [N] int32 sequence index of each row
+    slot_index: torch.Tensor | None  # [N] int64 a draft tree's KV slot indices (None: a chain)
+    parent: torch.Tensor | None  # [N] int32 a draft tree's parent rows (None: a chain)
+    tables: torch.Tensor  # [sum of tables] int32 the block tables, concatenated
+    table_off: torch.Tensor  # [B+1] int64 start of each sequence's table
+    logit_rows: torch.Tensor  # [R] int64
+    feat_layers: torch.Tensor  # [n_feat] int32
+    feat_rows: torch.Tensor | None  # [RF] int64 (None without features)
+
+    @property
+    def B(self) -> int:
+        return int(self.table_off.shape[0]) - 1
+
+    @property
+    def R(self) -> int:
+        return int(self.logit_rows.shape[0])
+
+    @property
+    def n_feat(self) -> int:
+        return int(self.feat_layers.shape[0])
+
+    @property
+    def RF(self) -> int:
+        return int(self.feat_rows.shape[0]) if self.feat_rows is not None else 0
+
+    @classmethod
+    def of(cls, batch: RaggedBatch) -> _Inputs:
+        tree = batch.parents is not None
+        offsets = [0]
+        for t in batch.block_tables:
+            offsets.append(offsets[-1] + len(t))
+        return cls(
+            tokens=_i64(batch.tokens),
+            positions=_i64(batch.positions()),
+            row_seq=torch.tensor(batch.row_seq(), dtype=torch.int32),
+            slot_index=_i64(batch.slot_indices()) if tree else None,
+            parent=torch.tensor(batch.flat_parents(), dtype=torch.int32) if tree else None,
+            tables=torch.tensor([b for t in batch.block_tables for b in t], dtype=torch.int32),
+            table_off=_i64(offsets),
+            logit_rows=_i64(batch.logit_rows()),
+            feat_layers=torch.tensor(batch.feature_layers, dtype=torch.int32),
+            feat_rows=_i64(batch.feature_rows()) if batch.feature_layers else None,
+        )
 
 
 class PackedLinear:
@@ -246,6 +292,11 @@ class PackedLinear:
         if not self._h:
             raise MemoryError(f"packing a [{self.N}, {self.K}] weight failed: {lib.cdll.dg_last_error().decode()}")
         weakref.finalize(self, lib.cdll.dg_packed_free, self._h)
+
+    @property
+    def handle(self) -> int:
+        """The packed product's C handle (what dg_head_new takes)."""
+        return self._h
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] float32."""

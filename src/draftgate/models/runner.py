@@ -70,6 +70,7 @@ class ModelRunner:
         enable_prefix_cache: bool = True,
         kernels: Kernels = Kernels.AUTO,
         build_dir: Path | None = None,
+        level: str | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.config = loaded.config
@@ -80,7 +81,8 @@ class ModelRunner:
         self.model: NativeLlama | LlamaModel
         self.cache: NativeKVCache | KVCache
         if self.kernels is Kernels.NATIVE:
-            lib = load_library(build_dir or default_cache_dir())  # NativeUnavailable says what to do
+            # NativeUnavailable says what to do; level None: this CPU's best
+            lib = load_library(build_dir or default_cache_dir(), level)
             self.model = NativeLlama.shared(loaded.config, loaded.weights, lib, loaded.blocks)
             self.cache = NativeKVCache(loaded.config, num_blocks, block_size)
         else:

@@ -10,10 +10,11 @@ from draftgate.models.native.build import (
     NativeLib,
     NativeUnavailable,
     cpu_level,
+    levels_here,
     load_library,
 )
 
-__all__ = ["LEVELS", "NativeLib", "NativeUnavailable", "cpu_level", "load_library", "set_threads"]
+__all__ = ["LEVELS", "NativeLib", "NativeUnavailable", "cpu_level", "levels_here", "load_library", "set_threads"]
 
 
 def set_threads(lib: NativeLib, n: int, spin_us: int = DEFAULT_SPIN_US) -> None:

@@ -16,18 +16,31 @@
 // positions of its score row) and its value sum reads them through its own slots, so a tree node's
 // output is bitwise the one plain decoding computes at its position along its path.
 //
-// Included by kernels.cpp.
+// The cache layout (store_kv): keys [blocks, Hkv, D, bs], transposed within a block of bs positions
+// so a vector of VL consecutive keys loads at once; values [slots, Hkv, D] (slot = block * bs + offset).
+// The target's paged cache and a draft head's cache (one block) are both laid out so.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "simd.h"
 
 namespace dg {
+
+// One position's keys k[Hkv, D] and values v[Hkv, D] into flat slot `slot` of a layer's caches.
+static inline void store_kv(float* kc, float* vc, int64_t slot, int64_t bs, int Hkv, int D, const float* k,
+                            const float* v) {
+  float* kt = kc + size_t(slot / bs) * Hkv * D * bs + slot % bs;
+  for (int g = 0; g < Hkv; g++)
+    for (int d = 0; d < D; d++) kt[(size_t(g) * D + d) * bs] = k[g * D + d];
+  std::memcpy(vc + size_t(slot) * Hkv * D, v, sizeof(float) * Hkv * D);
+}
 
 // One vector of up to VL consecutive keys of a sequence: they sit in one block's [D][bs] tile.
 struct KeyChunk {
@@ -69,6 +82,27 @@ constexpr int ATT_NK_MAX = 4;
 constexpr int ATT_QB = 8;    // queries per score tile
 constexpr int ATT_ROWS = 8;  // rows of one sequence whose queries form one attention item
 constexpr int att_nk(int nq) { return std::max(1, std::min(ATT_NK_MAX, ATT_ACC / nq)); }  // key vectors per tile
+
+// A unit of attention work: query group `group` (rows of one sequence) and kv head g, query heads h0..h0+nh-1.
+struct AttnItem {
+  int group, g, h0, nh;
+};
+
+// The items of n_groups groups over Hkv kv heads of hpg query heads each: a group and a kv head (all
+// of its query heads), or a group and one query head where that would leave fewer than two items a
+// thread (a one-token pass then uses every thread).
+static inline std::vector<AttnItem> attn_items(int n_groups, int Hkv, int hpg, int nthreads) {
+  const bool split = n_groups * Hkv < 2 * nthreads;
+  std::vector<AttnItem> items;
+  for (int gi = 0; gi < n_groups; gi++)
+    for (int g = 0; g < Hkv; g++) {
+      if (split)
+        for (int hh = 0; hh < hpg; hh++) items.push_back(AttnItem{gi, g, g * hpg + hh, 1});
+      else
+        items.push_back(AttnItem{gi, g, g * hpg, hpg});
+    }
+  return items;
+}
 
 // scores[a][j] = (q_a . k_j) / sqrt(D) for NQ queries and every chunk, NK chunks a tile. A tile's
 // last chunks may be padding (lanes 0: computed from chunk 0, never stored). FULL: every chunk

@@ -24,14 +24,18 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "load_library", "LEVELS", "DEFAULT_SPIN_US"]
+__all__ = ["NativeUnavailable", "NativeLib", "cpu_level", "levels_here", "load_library", "LEVELS", "DEFAULT_SPIN_US"]
 
 # Pool workers spin this long after a job before they sleep: it covers the gap between the
 # forwards of a decode loop (Python bookkeeping, ~0.2-1 ms), so the next forward pays no wake-up.
 DEFAULT_SPIN_US = 1000
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("kernels.cpp", "attention.h", "gemm.h", "qgemm.h", "gguf_decode.h", "pool.h", "simd.h", "head_step.h")
+# Every file the library is built from (the cache key hashes them): kernels.cpp and the headers it includes.
+_SOURCES = (
+    "kernels.cpp", "attention.h", "forward.h", "gemm.h", "gguf_decode.h", "head_step.h", "packed.h", "pool.h",
+    "qgemm.h", "rows.h", "simd.h",
+)  # fmt: skip
 LEVELS = ("avx512vnni", "avx512", "avx2", "portable")
 _MARCH = {
     "avx512vnni": ["-march=x86-64-v4", "-mavx512vnni"],
@@ -64,6 +68,11 @@ def cpu_level() -> str:
     if {"avx2", "fma", "f16c", "bmi2"} <= flags:
         return "avx2"
     return "portable"
+
+
+def levels_here() -> tuple[str, ...]:
+    """Every kernel level this CPU can run, best first (a lower level runs where a higher one does)."""
+    return LEVELS[LEVELS.index(cpu_level()) :]
 
 
 def _compiler() -> str:
@@ -104,7 +113,11 @@ def load_library(cache_dir: Path, level: str | None = None) -> NativeLib:
     """Build (once per cache key) and load the kernels for ``level`` (default: this CPU's)."""
     level = level or cpu_level()
     if level not in LEVELS:
-        raise ValueError(f"unknown kernel level {level!r}; choose from {LEVELS}")
+        raise ValueError(f"unknown kernel level {level!r}; choose from {', '.join(LEVELS)}")
+    if level not in levels_here():
+        raise NativeUnavailable(
+            f"kernel level {level!r} needs instructions this CPU lacks; it runs {', '.join(levels_here())}"
+        )
     with _lock:
         if level in _loaded:
             return _loaded[level]

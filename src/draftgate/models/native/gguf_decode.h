@@ -1,8 +1,9 @@
 // GGUF's quantized block formats (ggml's layouts), decoded row by row into what the packer of
 // qgemm.h stores: integer codes and, per group of G weights along K, a scale d and an offset m
-// (a weight is d * q + m). Pack-time code: plain C++, no SIMD. Included by qgemm.h.
+// (a weight is d * q + m). Pack-time code: plain C++, no SIMD.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -8,10 +8,22 @@
 // Why native: in the engine's thread a step in torch spent more time in its ~40 small ops (five
 // RMS norms, RoPE, SDPA, concatenations) than in its products (docs/BENCHMARKS.md).
 // Same math as EagleHead.extend + logits (float32, the products' weights as packed), so drafts
-// change only where float rounding breaks a near-tie; drafts are verified either way.
-//
-// Included by kernels.cpp after its helpers (rmsnorm_row, silu_mul, rows_of, pool, guarded).
+// change only where float rounding breaks a near-tie; drafts are verified either way. The row
+// steps and the attention are the target forward's (rows.h, attention.h): a sequence's head cache
+// is laid out as the target's KV cache with one block of `cap` positions.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "attention.h"
+#include "gemm.h"
+#include "pool.h"
+#include "rows.h"
+#include "simd.h"
 
 namespace dg {
 
@@ -33,13 +45,51 @@ struct HeadIo {  // one call for B sequences, as EagleHead.step_many describes i
   const float* g;         // [M, C] fused features (a chain step: the head's own output), or null
   const int64_t* tokens;  // [M] the token after each entry's position
   const int64_t* pos0;    // [B] position of each sequence's first new entry
-  const int64_t* kc;      // [B] addresses of the head caches' keys, each [Hkv, cap_b, D] float32
-  const int64_t* vc;      // [B] and values
+  const int64_t* kc;      // [B] addresses of the head caches' keys, each [Hkv, D, cap_b] float32
+  const int64_t* vc;      // [B] and values, each [cap_b, Hkv, D]
   const int64_t* n;       // [B] entries held before the call
   const int64_t* cap;     // [B] capacities (n_b + m_b <= cap_b)
   float* h_out;           // [B, C] each sequence's last entry's output
   float* logits;          // [B, Vs]
   int64_t* argmax;        // [B] first index of the maximum; -1 if a logit is not finite
+};
+
+// Attention of sequence s's last entry (query heads it.h0.. of kv head it.g) over its entries 0..S-1.
+struct HeadAttention {
+  std::vector<std::vector<KeyChunk>> chunks;  // [B] each sequence's keys (one block of cap_b)
+  std::vector<int64_t> slots;                 // [S_max] 0, 1, ...: entry j is in slot j
+  std::vector<AttnItem> items;
+  int64_t stride;                              // score scratch per query
+  std::vector<std::vector<float>> scratch;     // per thread
+  std::vector<std::vector<AttnQuery>> queries;  // per thread
+
+  HeadAttention(const Head& hd, const HeadIo& io, int64_t S_max, int nthreads) {
+    static const int32_t block0 = 0;
+    const int hpg = hd.H / hd.Hkv;
+    for (int s = 0; s < io.B; s++)
+      chunks.push_back(key_chunks(&block0, io.n[s] + io.m[s], io.cap[s], int64_t(hd.Hkv) * hd.D * io.cap[s]));
+    slots.resize(size_t(S_max));
+    std::iota(slots.begin(), slots.end(), int64_t(0));
+    items = attn_items(io.B, hd.Hkv, hpg, nthreads);
+    stride = (S_max + VL - 1) / VL * VL;
+    scratch.assign(size_t(nthreads), std::vector<float>(size_t(hpg) * stride));
+    queries.assign(size_t(nthreads), std::vector<AttnQuery>(size_t(hpg)));
+  }
+
+  // q: sequence s's last row of q|k|v; out: attn [B, H, D].
+  void run(const Head& hd, const HeadIo& io, const AttnItem& it, const float* q, float* attn, int tid) {
+    const int s = it.group, D = hd.D;
+    const int64_t S = io.n[s] + io.m[s], cap = io.cap[s];
+    AttnQuery* qs = queries[tid].data();
+    for (int a = 0; a < it.nh; a++) {
+      const int hh = it.h0 + a;
+      qs[a] = AttnQuery{q + size_t(hh) * D, S, scratch[tid].data() + size_t(a) * stride,
+                        attn + (size_t(s) * hd.H + hh) * D, slots.data(), S};
+    }
+    const float* kbase = reinterpret_cast<const float*>(io.kc[s]) + size_t(it.g) * D * cap;
+    const float* vbase = reinterpret_cast<const float*>(io.vc[s]) + size_t(it.g) * D;
+    attend_many(qs, it.nh, kbase, vbase, chunks[s].data(), int64_t(chunks[s].size()), hd.Hkv, D, cap);
+  }
 };
 
 static void head_step(const Head& hd, const HeadIo& io) {
@@ -59,12 +109,12 @@ static void head_step(const Head& hd, const HeadIo& io) {
   std::vector<float> attn(size_t(B) * H * D), x(size_t(B) * C), hm(size_t(B) * C), gu(size_t(B) * 2 * F);
   std::vector<float> act(size_t(B) * F), ho(size_t(B) * C);
   Pool& P = pool();
-  std::vector<std::vector<float>> scratch(P.size(), std::vector<float>(size_t(S_max)));
+  HeadAttention att(hd, io, S_max, P.size());
   std::vector<RowMax> part(size_t(P.size()) * B);
   Barrier team(P.size());
   P.run([&](int tid, int nt) {
     Barrier solo(1);
-    Barrier& Bw = nt == 1 ? solo : team;
+    Barrier& bar = nt == 1 ? solo : team;
     int a, b;
     rows_of(M, tid, nt, &a, &b);
     const float* g = io.g;
@@ -73,9 +123,9 @@ static void head_step(const Head& hd, const HeadIo& io) {
         for (int j = 0; j < hd.nF; j++)
           rmsnorm_row(io.feats + (size_t(i) * hd.nF + j) * C, hd.norm_f + size_t(j) * C, C, hd.eps,
                       &fcat[(size_t(i) * hd.nF + j) * C]);
-      Bw.wait();
+      bar.wait();
       gemm(hd.fuse, fcat.data(), M, hd.nF * C, gbuf.data(), C, false, tid, nt);
-      Bw.wait();
+      bar.wait();
       g = gbuf.data();
     }
     std::vector<float> e(C);
@@ -84,142 +134,54 @@ static void head_step(const Head& hd, const HeadIo& io) {
       rmsnorm_row(e.data(), hd.norm_e, C, hd.eps, &ecat[size_t(i) * 2 * C]);
       rmsnorm_row(g + size_t(i) * C, hd.norm_g, C, hd.eps, &ecat[size_t(i) * 2 * C + C]);
     }
-    Bw.wait();
+    bar.wait();
     gemm(hd.inp, ecat.data(), M, 2 * C, u.data(), C, false, tid, nt);
-    Bw.wait();
+    bar.wait();
     for (int i = a; i < b; i++) rmsnorm_row(&u[size_t(i) * C], hd.norm_attn, C, hd.eps, &hn[size_t(i) * C]);
-    Bw.wait();
+    bar.wait();
     gemm(hd.qkv, hn.data(), M, C, qkv.data(), ldq, false, tid, nt);
-    Bw.wait();
-    for (int i = a; i < b; i++) {  // RoPE on q and k (rotate-half), k and v into the sequence's cache
+    bar.wait();
+    std::vector<float> cs(half), sn(half);
+    for (int i = a; i < b; i++) {  // RoPE on q and k, then k and v into the sequence's cache
       const int s = seq_of[i];
-      const int64_t slot = io.n[s] + (i - first[s]);
       float* row = &qkv[size_t(i) * ldq];
-      const float pos = float(io.pos0[s] + (i - first[s]));
-      for (int c = 0; c < half; c++) {
-        const float ang = pos * hd.inv_freq[c], cs = std::cos(ang), sn = std::sin(ang);
-        for (int hh = 0; hh < H + Hkv; hh++) {
-          float* v = row + hh * D;
-          const float x1 = v[c], x2 = v[c + half];
-          v[c] = x1 * cs - x2 * sn;
-          v[c + half] = x2 * cs + x1 * sn;
-        }
-      }
-      float* kc = reinterpret_cast<float*>(io.kc[s]);
-      float* vc = reinterpret_cast<float*>(io.vc[s]);
-      for (int gg = 0; gg < Hkv; gg++) {
-        std::memcpy(kc + (size_t(gg) * io.cap[s] + slot) * D, row + (H + gg) * D, sizeof(float) * D);
-        std::memcpy(vc + (size_t(gg) * io.cap[s] + slot) * D, row + (H + Hkv + gg) * D, sizeof(float) * D);
-      }
+      rope_angles(io.pos0[s] + (i - first[s]), hd.inv_freq.data(), half, cs.data(), sn.data());
+      rope_rotate(row, H + Hkv, D, cs.data(), sn.data());
+      store_kv(reinterpret_cast<float*>(io.kc[s]), reinterpret_cast<float*>(io.vc[s]), io.n[s] + (i - first[s]),
+               io.cap[s], Hkv, D, row + H * D, row + (H + Hkv) * D);
     }
-    Bw.wait();
-    const float scale = 1.0f / std::sqrt(float(D));
-    for (int item = tid; item < B * H; item += nt) {  // only each sequence's last entry's output is needed
-      const int s = item / H, hh = item % H, gg = hh / (H / Hkv);
-      const int64_t S = io.n[s] + io.m[s];
-      const float* q = &qkv[size_t(first[s + 1] - 1) * ldq + size_t(hh) * D];
-      const float* kb = reinterpret_cast<const float*>(io.kc[s]) + size_t(gg) * io.cap[s] * D;
-      const float* vb = reinterpret_cast<const float*>(io.vc[s]) + size_t(gg) * io.cap[s] * D;
-      float* sc = scratch[tid].data();
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < S; j++) {
-        V acc = vzero();
-        int c = 0;
-        for (; c + VL <= D; c += VL) acc = vfma(vload(q + c), vload(kb + j * D + c), acc);
-        float sv = vsum(acc);
-        for (; c < D; c++) sv += q[c] * kb[j * D + c];
-        sc[j] = sv * scale;
-        mx = std::max(mx, sc[j]);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < S; j++) {
-        sc[j] = sexp(sc[j] - mx);
-        sum += sc[j];
-      }
-      float* out = &attn[(size_t(s) * H + hh) * D];
-      for (int c = 0; c < D; c++) out[c] = 0.0f;
-      for (int64_t j = 0; j < S; j++)
-        for (int c = 0; c < D; c++) out[c] += sc[j] * vb[j * D + c];
-      const float inv = 1.0f / sum;
-      for (int c = 0; c < D; c++) out[c] *= inv;
+    bar.wait();
+    for (int k = tid; k < int(att.items.size()); k += nt) {  // only each sequence's last entry's output is needed
+      const AttnItem& it = att.items[k];
+      att.run(hd, io, it, &qkv[size_t(first[it.group + 1] - 1) * ldq], attn.data(), tid);
     }
     int sa, sb;
     rows_of(B, tid, nt, &sa, &sb);  // the rest runs on each sequence's last row only
     for (int s = sa; s < sb; s++)
       std::memcpy(&x[size_t(s) * C], &u[size_t(first[s + 1] - 1) * C], sizeof(float) * C);  // the residual
-    Bw.wait();
+    bar.wait();
     gemm(hd.o, attn.data(), B, H * D, x.data(), C, true, tid, nt);
-    Bw.wait();
+    bar.wait();
     for (int s = sa; s < sb; s++) {
       rmsnorm_row(&x[size_t(s) * C], hd.norm_mlp, C, hd.eps, &hm[size_t(s) * C]);
       std::memcpy(&ho[size_t(s) * C], &x[size_t(s) * C], sizeof(float) * C);
     }
-    Bw.wait();
+    bar.wait();
     gemm(hd.gate_up, hm.data(), B, C, gu.data(), 2 * F, false, tid, nt);
-    Bw.wait();
+    bar.wait();
     for (int s = sa; s < sb; s++) silu_mul(&gu[size_t(s) * 2 * F], F, &act[size_t(s) * F]);
-    Bw.wait();
+    bar.wait();
     gemm(hd.down, act.data(), B, F, ho.data(), C, true, tid, nt);
-    Bw.wait();
+    bar.wait();
     for (int s = sa; s < sb; s++) {
       std::memcpy(io.h_out + size_t(s) * C, &ho[size_t(s) * C], sizeof(float) * C);
       rmsnorm_row(&ho[size_t(s) * C], hd.norm_out, C, hd.eps, &hm[size_t(s) * C]);
     }
-    Bw.wait();
+    bar.wait();
     gemm(hd.out, hm.data(), B, C, io.logits, int(Vs), false, tid, nt);
-    Bw.wait();
-    for (int s = 0; s < B; s++)
-      part[size_t(tid) * B + s] = row_max(io.logits + size_t(s) * Vs, Vs * tid / nt, Vs * (tid + 1) / nt);
-    Bw.wait();
-    if (tid == 0) {
-      for (int s = 0; s < B; s++) {
-        RowMax best = part[s];
-        for (int t = 1; t < nt; t++) {
-          const RowMax& o = part[size_t(t) * B + s];
-          best.finite = best.finite && o.finite;
-          if (o.value > best.value) best = RowMax{o.value, o.index, best.finite};
-        }
-        io.argmax[s] = best.finite && best.index >= 0 ? best.index : -1;
-      }
-    }
+    bar.wait();
+    argmax_rows(io.logits, B, Vs, part.data(), io.argmax, tid, nt, bar);
   });
 }
 
 }  // namespace dg
-
-extern "C" {
-
-void* dg_head_new(int C, int H, int Hkv, int D, int F, int nF, float eps, const float* inv_freq, const float* norm_f,
-                  const float* norm_e, const float* norm_g, const float* norm_attn, const float* norm_mlp,
-                  const float* norm_out, void* fuse, void* inp, void* qkv, void* o, void* gate_up, void* down,
-                  void* out, const float* embed, int64_t vocab) {
-  auto pk = [](void* p) { return static_cast<dg::Packed*>(p); };
-  return new dg::Head{C, H, Hkv, D, F, nF, eps, std::vector<float>(inv_freq, inv_freq + D / 2), norm_f, norm_e,
-                      norm_g, norm_attn, norm_mlp, norm_out, pk(fuse), pk(inp), pk(qkv), pk(o), pk(gate_up),
-                      pk(down), pk(out), embed, vocab};
-}
-
-void dg_head_free(void* hp) { delete static_cast<dg::Head*>(hp); }
-
-int dg_head_step(void* hp, int B, const int32_t* m, const float* feats, const float* g, const int64_t* tokens,
-                 const int64_t* pos0, const int64_t* kc, const int64_t* vc, const int64_t* n, const int64_t* cap,
-                 float* h_out, float* logits, int64_t* argmax) {
-  const dg::Head& hd = *static_cast<dg::Head*>(hp);
-  return guarded([&] {
-    if (B < 1) throw std::invalid_argument("head step: need at least one sequence");
-    if ((feats == nullptr) == (g == nullptr)) throw std::invalid_argument("head step: give feats or g, not both");
-    int64_t M = 0;
-    for (int b = 0; b < B; b++) {
-      if (m[b] < 1 || n[b] < 0 || n[b] + m[b] > cap[b])
-        throw std::invalid_argument("head step: need 1 <= m and n + m <= capacity for every sequence");
-      M += m[b];
-    }
-    for (int64_t i = 0; i < M; i++)
-      if (tokens[i] < 0 || tokens[i] >= hd.vocab)
-        throw std::out_of_range("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
-                                std::to_string(hd.vocab) + ")");
-    dg::head_step(hd, dg::HeadIo{B, m, feats, g, tokens, pos0, kc, vc, n, cap, h_out, logits, argmax});
-  });
-}
-
-}  // extern "C"

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -125,5 +126,20 @@ class Pool {
   std::mutex sleep_mu_;
   std::condition_variable sleep_cv_;
 };
+
+// The process's pool: one thread per CPU until set_pool sizes it (dg_set_threads).
+inline std::mutex g_pool_mu;
+inline std::unique_ptr<Pool> g_pool;
+
+static inline Pool& pool() {
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  if (!g_pool) g_pool.reset(new Pool(int(std::thread::hardware_concurrency()), 200));
+  return *g_pool;
+}
+
+static inline void set_pool(int nthreads, int spin_us) {
+  std::lock_guard<std::mutex> g(g_pool_mu);
+  g_pool.reset(new Pool(nthreads, spin_us));
+}
 
 }  // namespace dg

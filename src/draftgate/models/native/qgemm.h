@@ -20,10 +20,23 @@
 //   (q * d + m, one FMA) and reduced like the float kernel (fixed-order chunks over k) with float
 //   activations.
 // Either way a row's result depends on that row and the weights only: batch invariant by
-// construction, whatever the row count. Included by gemm.h (after Packed and the float kernel).
+// construction, whatever the row count. gemm.h dispatches quantized tiles here.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gguf_decode.h"  // GGUF block formats -> codes and per-group scales
+#include "packed.h"
+#include "simd.h"
 
 namespace dg {
 
