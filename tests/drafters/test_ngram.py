@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
-from draftgate.drafters import Drafter, DraftRequest, NgramDrafter
+from draftgate.drafters import Drafter, DraftRequest, NgramDrafter, ngram
 from draftgate.types import SamplingParams
 
 
@@ -102,8 +103,10 @@ def test_release_drops_state_and_sequences_are_independent() -> None:
     a, b = [1, 2, 3, 1, 2], [4, 5, 6, 4]
     drafts = d.propose([_req(a, 2, seq_id=1), _req(b, 2, seq_id=2)])
     assert [x.token_ids for x in drafts] == [[3, 1], [5, 6]]
+    assert d.num_sequences == 2
     d.release(1)
     d.release(1)  # releasing twice (or an unknown id) is a no-op
+    assert d.num_sequences == 1
     assert _propose(d, [8, 9, 8], k=1, seq_id=1) == [9]
 
 
@@ -137,13 +140,99 @@ def test_incremental_equals_naive_reference_on_random_streams(
         assert _propose(d, hist, k, seq_id=seq) == _reference(hist, k, min_n, max_n)
 
 
-def test_long_history_round_uses_the_index() -> None:
+class _SpyHistory(Sequence[int]):
+    """A caller's history that records the lowest position the drafter read from it."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.lowest_read: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        idx = range(len(self.tokens))[i]
+        if isinstance(i, slice):
+            if len(idx):
+                self._read(min(idx))
+        else:
+            self._read(idx)
+        return self.tokens[i]
+
+    def _read(self, pos: int) -> None:
+        self.lowest_read = pos if self.lowest_read is None else min(self.lowest_read, pos)
+
+
+class _CountingList(list):  # type: ignore[type-arg]
+    """The drafter's own copy of a history, counting the elements read from it."""
+
+    reads = 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        got = super().__getitem__(i)
+        self.reads += len(got) if isinstance(i, slice) else 1
+        return got
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.reads += len(self)
+        return super().__iter__()
+
+
+def _long_history(filler: int) -> tuple[list[int], int]:
+    """A fixed 300-token text, ``filler`` tokens that never occur in it, then a copy of part of the
+    text; and where the copied part's continuation starts (a scan back to it crosses the filler)."""
     rng = random.Random(0)
-    hist = [rng.randrange(50) for _ in range(4000)]
-    hist += hist[1000:1010]
+    text = [rng.randrange(50) for _ in range(300)]
+    return text + [100 + i % 50 for i in range(filler)] + text[100:110], 110
+
+
+def test_a_round_reads_only_the_new_tokens_of_the_callers_history() -> None:
+    hist, at = _long_history(4000)
+    spy = _SpyHistory(hist)
     d = NgramDrafter()
-    assert _propose(d, hist, k=5) == hist[1010:1015]
-    # One more round touches only the new tokens; the draft still follows the index.
-    hist += hist[1015:1017]
-    d.observe(0, hist, num_drafted=5, num_accepted=2)
-    assert _propose(d, hist, k=3) == hist[1017:1020]
+    (draft,) = d.propose([_req(spy, 5)])  # type: ignore[arg-type]
+    assert draft.token_ids == hist[at : at + 5]  # what followed the copied part
+    assert spy.lowest_read == 0  # the first round indexes the whole history (the spy sees reads)
+    seen = len(hist)
+    hist += hist[at : at + 2]  # two accepted tokens
+    spy.lowest_read = None
+    d.observe(0, spy, num_drafted=5, num_accepted=2)  # type: ignore[arg-type]
+    (draft,) = d.propose([_req(spy, 3)])  # type: ignore[arg-type]
+    assert draft.token_ids == hist[at + 2 : at + 5]
+    # Only the last token it had indexed (to check the history only grew) and the new ones.
+    assert spy.lowest_read == seen - 1
+
+
+def test_a_round_costs_the_same_however_long_the_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[_CountingList] = []
+
+    class CountingIndex(ngram._SeqIndex):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = _CountingList()
+            made.append(self.tokens)
+
+    monkeypatch.setattr(ngram, "_SeqIndex", CountingIndex)
+
+    def reads_of_next_round(filler: int) -> int:
+        hist, at = _long_history(filler)
+        d = NgramDrafter()
+        assert _propose(d, hist, k=5) == hist[at : at + 5]
+        hist += hist[at : at + 2]
+        (own,) = made[-1:]
+        own.reads = 0
+        d.observe(0, hist, num_drafted=5, num_accepted=2)
+        assert _propose(d, hist, k=3) == hist[at + 2 : at + 5]
+        return own.reads
+
+    short, long = reads_of_next_round(100), reads_of_next_round(8000)
+    assert 0 < short == long  # a few dict look-ups, not a scan of 8000 more tokens
+
+
+def test_drafts_come_from_the_index_not_a_rescan_of_the_history() -> None:
+    # The index assumes append-only histories: a history of the same length and last token is not
+    # re-read, so a change before its end is invisible. A drafter that rescanned would follow it.
+    d = NgramDrafter()
+    assert _propose(d, [1, 2, 3, 4, 9, 1, 2], k=2) == [3, 4]
+    assert _propose(d, [1, 2, 7, 7, 9, 1, 2], k=2) == [3, 4]
+    assert _propose(NgramDrafter(), [1, 2, 7, 7, 9, 1, 2], k=2) == [7, 7]  # what a rescan finds

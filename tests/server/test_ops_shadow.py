@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
-from draftgate.drafters import NgramDrafter
+from draftgate.drafters import Draft, DraftRequest, NgramDrafter
 from draftgate.engine import CostModel
 from draftgate.server.ops.shadow import ShadowTotals, predicted_speedup, score_sequence
-from draftgate.types import SpecStats
+from draftgate.types import SamplingParams, SpecStats
 
 
 def test_repeated_text_predicts_high_acceptance() -> None:
@@ -29,12 +30,31 @@ def test_random_text_predicts_near_zero_acceptance() -> None:
     assert s.rounds == s.emitted_tokens == 180  # plain decoding: one token per round
 
 
+class _Recording(NgramDrafter):
+    """An n-gram drafter that notes which sequences it drafted for and the most it held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proposed: set[int] = set()
+        self.held_during_replay = 0
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = super().propose(requests)
+        self.proposed.update(r.seq_id for r in requests)
+        self.held_during_replay = max(self.held_during_replay, self.num_sequences)
+        return out
+
+
 def test_every_output_token_is_accounted_and_drafter_state_released() -> None:
-    d = NgramDrafter()
+    d = _Recording()
+    d.propose([DraftRequest(0, [9, 8, 9], 2, SamplingParams())])  # a live request the drafter already holds
+    assert d.num_sequences == 1
     tokens = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3]
     s = score_sequence(d, tokens, 3, k=3)
     assert s.emitted_tokens == 9 and s.accepted_tokens <= s.draft_tokens
-    assert not getattr(d, "_seqs", {})  # released (the drafter keeps no shadow sequence)
+    assert len(d.proposed - {0}) == 1  # the replay drafted under one id of its own ...
+    assert d.held_during_replay == 2  # ... held beside the live request while it ran ...
+    assert d.num_sequences == 1  # ... and released it at the end, leaving only the live request
 
 
 def test_prompt_len_is_checked() -> None:

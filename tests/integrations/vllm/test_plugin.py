@@ -1,0 +1,284 @@
+"""The vLLM plugin's patches against fake vLLM modules: each patch's decision, its effect, and register.
+
+vLLM is not installed here: each test puts a minimal ``vllm`` package in ``sys.modules`` with
+only what the plugin reads (``vllm.v1.outputs.LogprobsTensors``, ``vllm.utils.cpu_triton_utils``,
+``vllm.platforms.current_platform``), in the shapes the plugin's docstring describes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from draftgate.integrations.vllm import plugin
+
+LOGGER = "draftgate.integrations.vllm"
+
+
+@dataclass
+class _Buffers:
+    """What ``LogprobsTensors.empty_cpu`` returns: three buffers per prompt position."""
+
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+
+
+def _buffers(n: int, m: int, fill: int) -> _Buffers:
+    return _Buffers(
+        torch.full((n, m), fill, dtype=torch.int64),
+        torch.full((n, m), float(fill)),
+        torch.full((n,), fill, dtype=torch.int64),
+    )
+
+
+def fake_empty(n: int, m: int) -> _Buffers:
+    """An allocator named like ``torch.empty`` that happens to hand out clean memory."""
+    return _buffers(n, m, 0)
+
+
+def _tensors_class(empty_cpu: Callable[[int, int], _Buffers] | None) -> type:
+    """A fresh LogprobsTensors class (each test patches its own), ``empty_cpu`` a staticmethod as in vLLM."""
+    ns = {} if empty_cpu is None else {"empty_cpu": staticmethod(empty_cpu)}
+    return type("LogprobsTensors", (), ns)
+
+
+def _garbage_empty_cpu(n: int, m: int) -> _Buffers:
+    return _buffers(n, m, 7)  # what the memory held before: the probe's sentinel
+
+
+def _clean_empty_cpu(n: int, m: int) -> _Buffers:
+    return _buffers(n, m, 0)  # like torch.zeros: nothing to patch
+
+
+def _empty_by_source_cpu(n: int, m: int) -> _Buffers:
+    return fake_empty(n, m)
+
+
+def _sourceless(src: str, name: str) -> Callable[..., object]:
+    """A function whose source cannot be found (compiled from a string): an unknown layout."""
+    ns: dict[str, object] = {"torch": torch, "_buffers": _buffers}
+    exec(compile(src, "<generated>", "exec"), ns)
+    return ns[name]  # type: ignore[return-value]
+
+
+def _ensure_int64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int64)
+
+
+def broken_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+    """vLLM 0.32's CPU fallback: the kernel writes an int64 copy, the float output stays unwritten."""
+    out = _ensure_int64(output)
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
+    out[: int(counts.sum())] = torch.repeat_interleave(input_val, counts).to(torch.int64)
+
+
+def good_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
+    vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output[: int(counts.sum())] = torch.repeat_interleave(vals, counts).to(output.dtype)
+
+
+class FakeVllm:
+    """Installs a fake ``vllm`` in ``sys.modules`` (undone by monkeypatch at the test's end)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mp = monkeypatch
+        self.root = self._module("vllm")
+        self.root.__version__ = "0.0.fake"  # type: ignore[attr-defined]
+        self.kernels_load = True
+        self.mp.setitem(sys.modules, "vllm", self.root)
+
+    def _module(self, name: str) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        self.mp.setitem(sys.modules, name, mod)
+        return mod
+
+    def logprobs(self, tensors: type) -> type:
+        self._module("vllm.v1")
+        self._module("vllm.v1.outputs").LogprobsTensors = tensors  # type: ignore[attr-defined]
+        return tensors
+
+    def expand(self, impl: Callable[..., object] | None) -> types.ModuleType:
+        """``vllm.utils`` with ``cpu_triton_utils._expand_kernel_impl`` (None: a build without the module)."""
+        utils = self._module("vllm.utils")
+        platforms = self._module("vllm.platforms")
+
+        def import_kernels() -> None:
+            if not self.kernels_load:
+                raise RuntimeError("no C++ kernels for this CPU")
+
+        platforms.current_platform = types.SimpleNamespace(import_kernels=import_kernels)  # type: ignore[attr-defined]
+        cpu_tl = types.ModuleType("vllm.utils.cpu_triton_utils")
+        if impl is None:
+            self.mp.delitem(sys.modules, cpu_tl.__name__, raising=False)  # importing it fails
+        else:
+            cpu_tl._expand_kernel_impl = impl  # type: ignore[attr-defined]
+            utils.cpu_triton_utils = cpu_tl  # type: ignore[attr-defined]
+            self.mp.setitem(sys.modules, cpu_tl.__name__, cpu_tl)
+        return cpu_tl
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> FakeVllm:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    return FakeVllm(monkeypatch)
+
+
+def _messages(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
+
+
+# ------------------------------------------------------------------ zero-filled prompt log-probabilities
+
+
+def test_buffers_seen_dirty_in_the_probe_are_zero_filled(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+    tensors = fake.logprobs(_tensors_class(_garbage_empty_cpu))
+    assert plugin.zero_fill_prompt_logprobs() is True
+    t = tensors.empty_cpu(5, 3)  # type: ignore[attr-defined]
+    assert t.logprobs.shape == (5, 3) and t.selected_token_ranks.shape == (5,)
+    for buf in (t.logprob_token_ids, t.logprobs, t.selected_token_ranks):
+        assert not buf.any()
+    assert "0.0.fake" in _messages(caplog) and "seen in a probe" in _messages(caplog)
+
+
+def test_an_allocator_using_empty_is_patched_by_its_source(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+    fake.logprobs(_tensors_class(_empty_by_source_cpu))  # clean in the probe, but `empty(` in its source
+    assert plugin.zero_fill_prompt_logprobs() is True
+    assert "its allocator uses torch.empty" in _messages(caplog)
+
+
+def test_initialised_buffers_are_left_alone(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+    def zeroing_empty_cpu(n: int, m: int) -> _Buffers:
+        return fake_empty(n, m)  # an allocator that zeros what it hands out
+
+    for empty_cpu in (_clean_empty_cpu, zeroing_empty_cpu):
+        tensors = fake.logprobs(_tensors_class(empty_cpu))
+        assert plugin.zero_fill_prompt_logprobs() is False
+        assert tensors.__dict__["empty_cpu"].__func__ is empty_cpu  # not replaced
+    assert "no DraftGate patch needed" in _messages(caplog)
+
+
+def test_an_allocator_without_source_is_judged_by_the_probe_alone(fake: FakeVllm) -> None:
+    clean = _sourceless("def empty_cpu(n, m):\n    return _buffers(n, m, 0)  # torch.empty(...)\n", "empty_cpu")
+    tensors = fake.logprobs(_tensors_class(clean))  # type: ignore[arg-type]
+    assert plugin.zero_fill_prompt_logprobs() is False
+    assert tensors.__dict__["empty_cpu"].__func__ is clean
+
+
+def test_zero_fill_patches_once(fake: FakeVllm) -> None:
+    tensors = fake.logprobs(_tensors_class(_garbage_empty_cpu))
+    assert plugin.zero_fill_prompt_logprobs() is True
+    patched = tensors.__dict__["empty_cpu"]
+    assert plugin.zero_fill_prompt_logprobs() is True  # a second process-level call: already done
+    assert tensors.__dict__["empty_cpu"] is patched  # not wrapped again
+
+
+# ------------------------------------------------------------------ the CPU expand kernel
+
+
+def test_an_expand_that_leaves_float_outputs_unwritten_is_replaced(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+    cpu_tl = fake.expand(broken_expand)
+    assert plugin.repair_cpu_expand() is True
+    impl = cpu_tl._expand_kernel_impl
+    assert impl is not broken_expand
+    out = torch.full((4,), -1.0)
+    # Two requests with 1 and 2 drafts; -7 (replace_from) stands for "use replace_to".
+    impl(out, torch.tensor([0.5, -7.0]), torch.tensor([1, 3], dtype=torch.int32), -7.0, 1.0, MAX_NUM_TOKENS=4)
+    assert out.tolist() == [0.5, 1.0, 1.0, -1.0]  # written in place, past the drafts untouched
+    ints = torch.zeros(3, dtype=torch.int32)
+    impl(ints, torch.tensor([3, 5]), torch.tensor([2, 3]), -1, 0)
+    assert ints.tolist() == [3, 3, 5]
+    assert "repairs its expand kernel" in _messages(caplog)
+
+
+def test_an_expand_that_writes_floats_is_left_alone(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+    cpu_tl = fake.expand(good_expand)
+    assert plugin.repair_cpu_expand() is False
+    assert cpu_tl._expand_kernel_impl is good_expand
+    assert "no DraftGate repair needed" in _messages(caplog)
+
+
+@pytest.mark.parametrize(("impl", "replaced"), [(broken_expand, True), (good_expand, False)])
+def test_without_cpu_kernels_the_source_decides(fake: FakeVllm, impl: Callable[..., None], replaced: bool) -> None:
+    fake.kernels_load = False  # the probe cannot run: the source's int64 copy of the output decides
+    cpu_tl = fake.expand(impl)
+    assert plugin.repair_cpu_expand() is replaced
+    assert (cpu_tl._expand_kernel_impl is not impl) is replaced
+
+
+def test_an_expand_that_can_neither_run_nor_be_read_is_left_alone(fake: FakeVllm) -> None:
+    fake.kernels_load = False
+    unknown = _sourceless("def impl(output, *args, **kw):\n    output = _ensure_int64(output)\n", "impl")
+    cpu_tl = fake.expand(unknown)
+    assert plugin.repair_cpu_expand() is False
+    assert cpu_tl._expand_kernel_impl is unknown
+
+
+def test_a_build_without_cpu_fallbacks_needs_no_repair(fake: FakeVllm) -> None:
+    fake.expand(None)  # vllm.utils has no cpu_triton_utils
+    assert plugin.repair_cpu_expand() is False
+
+
+def test_expand_is_repaired_once(fake: FakeVllm) -> None:
+    cpu_tl = fake.expand(broken_expand)
+    assert plugin.repair_cpu_expand() is True
+    repaired = cpu_tl._expand_kernel_impl
+    assert plugin.repair_cpu_expand() is True
+    assert cpu_tl._expand_kernel_impl is repaired
+
+
+# ------------------------------------------------------------------ register
+
+
+@pytest.fixture
+def loggers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[logging.Logger, logging.Logger]]:
+    """DraftGate's and vLLM's loggers, restored afterwards (setLevel also clears the level caches)."""
+    ours, theirs = logging.getLogger("draftgate"), logging.getLogger("vllm")
+    level = ours.level
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(theirs, "handlers", [])
+    yield ours, theirs
+    ours.setLevel(level)
+
+
+def test_register_applies_both_patches_and_shares_vllms_log(
+    fake: FakeVllm, loggers: tuple[logging.Logger, logging.Logger]
+) -> None:
+    ours, theirs = loggers
+    handler = logging.NullHandler()
+    theirs.handlers.append(handler)
+    tensors = fake.logprobs(_tensors_class(_garbage_empty_cpu))
+    cpu_tl = fake.expand(broken_expand)
+    plugin.register()
+    assert ours.handlers == [handler] and ours.propagate is False and ours.level == logging.INFO
+    assert not tensors.empty_cpu(2, 2).logprobs.any()  # type: ignore[attr-defined]
+    assert cpu_tl._expand_kernel_impl is not broken_expand
+
+
+def test_register_keeps_draftgates_own_log_handlers(fake: FakeVllm, loggers: tuple[logging.Logger, logging.Logger]) -> None:
+    ours, theirs = loggers
+    mine, vllms = logging.NullHandler(), logging.NullHandler()
+    ours.handlers.append(mine)
+    theirs.handlers.append(vllms)
+    fake.logprobs(_tensors_class(_clean_empty_cpu))
+    fake.expand(good_expand)
+    plugin.register()
+    assert ours.handlers == [mine] and ours.propagate is True
+
+
+def test_register_never_raises_into_vllm_on_an_unknown_layout(
+    fake: FakeVllm, loggers: tuple[logging.Logger, logging.Logger], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.logprobs(_tensors_class(None))  # a LogprobsTensors without empty_cpu
+    fake.expand(broken_expand)
+    plugin.register()  # must not raise
+    (err,) = [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR]
+    assert "failed to register" in err.getMessage() and err.exc_info is not None
