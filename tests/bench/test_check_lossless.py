@@ -39,7 +39,7 @@ def engine_with(tiny_model: LoadedModel, tiny_draft_dir: Path) -> Iterator:  # t
     def make(drafter: DrafterKind, k: int | None) -> Engine:
         cfg = EngineConfig(model="tiny", drafter=drafter, k=k, num_blocks=256, block_size=8,
                            draft_model=str(tiny_draft_dir) if drafter is DrafterKind.MODEL else None)  # fmt: skip
-        e = build_engine(cfg, loaded=tiny_model).start()
+        e = build_engine(cfg, loaded=tiny_model)
         made.append(e)
         return e
 

@@ -99,11 +99,12 @@ def test_source_names_the_rounds_drafter_and_propose_keeps_to_it() -> None:
     m = CountingDrafter()
     d = AutoDrafter(model=m)
     grounded, free = [1, 2, 3, 4, 1, 2, 3], [10, 11, 12]
-    assert d.source(1, grounded, 8) == "auto" and d.source(2, free, 8) == "auto+counting"
-    assert AutoDrafter().source(3, free, 8) == "auto"
+    assert d.source(1, grounded, 8).name == "auto" and d.source(2, free, 8).name == "auto+counting"
+    assert AutoDrafter().source(3, free, 8).name == "auto"
+    assert d.source(1, grounded, 8).lookup and not d.source(2, free, 8).lookup  # lookup drafts are priced once proposed
     a, b = d.propose([DraftRequest(1, grounded, 2, P), DraftRequest(2, free, 3, P)])  # K from each source's controller
     assert a.token_ids == [4, 1] and b.token_ids == [7, 7, 7] and m.calls == [2]
-    assert d.source(2, free, 8) == "auto+counting"
+    assert d.source(2, free, 8).name == "auto+counting"
     (c,) = d.propose([DraftRequest(2, [*free, 7], 3, P)])  # history moved on: the plan is stale, decided afresh
     assert c.token_ids == [7, 7, 7] and m.calls == [2, 2]
 
@@ -117,9 +118,9 @@ def test_lookup_keeps_the_turn_wherever_it_proposes_even_after_misses() -> None:
         (x,) = d.propose([DraftRequest(1, grounded, 4, P)])
         assert x.token_ids == [4, 1, 2, 3]  # lookup drafted ...
         d.observe(1, grounded, len(x.token_ids), 0)  # ... and missed
-    assert m.calls == [] and d.source(1, grounded, 8) == "auto"
+    assert m.calls == [] and d.source(1, grounded, 8).name == "auto"
     gap = [*grounded, 99, 98]  # nothing to look up: the model's turn
-    assert d.source(1, gap, 8) == "auto+counting"
+    assert d.source(1, gap, 8).name == "auto+counting"
     (y,) = d.propose([DraftRequest(1, gap, 4, P)])
     assert y.token_ids == [7, 7, 7, 7] and m.calls == [1]
 
@@ -129,7 +130,7 @@ def test_a_head_also_takes_the_rounds_where_lookup_proposes_under_three_tokens()
     short, long_ = [5, 1, 1], [1, 2, 3, 4, 1, 2, 3]  # lookup proposes [1]; [4, 1, 2, 3]
     m = HeadLike()
     d = AutoDrafter(model=m)
-    assert d.source(1, short, 8) == "auto+counting" and d.source(2, long_, 8) == "auto"
+    assert d.source(1, short, 8).name == "auto+counting" and d.source(2, long_, 8).name == "auto"
     a, b = d.propose([DraftRequest(1, short, 4, P), DraftRequest(2, long_, 4, P)])
     assert a.token_ids == [7, 7, 7, 7] and b.token_ids == [4, 1, 2, 3] and m.calls == [1]
     (c,) = d.propose([DraftRequest(3, short, 1, P)])  # K = 1: lookup's one token is all K asks for
@@ -158,14 +159,14 @@ def test_a_global_draft_on_a_short_context_match_does_not_keep_the_turn_from_the
     _answer_earlier_request(d)
     short, long_ = [50, 2, 3], [50, 1, 2, 3, 4]  # 2 and 4 tokens of context match the earlier output
     assert d._suffix.match(2, short, 4).from_global and d._suffix.match(3, long_, 4).from_global
-    assert d.source(2, short, 8) == "auto+counting" and d.source(3, long_, 8) == "auto"
+    assert d.source(2, short, 8).name == "auto+counting" and d.source(3, long_, 8).name == "auto"
     a, b = d.propose([DraftRequest(2, short, 4, P), DraftRequest(3, long_, 4, P)])
     assert a.token_ids == [7, 7, 7, 7] and b.token_ids == [5, 6, 7, 8] and m.calls == [2]
     own = [50, 2, 3, 9, 9, 2, 3]  # the request's own (2, 3) -> 9: its own text, lookup's turn
-    assert d.source(4, own, 8) == "auto"
+    assert d.source(4, own, 8).name == "auto"
     old = AutoDrafter(model=HeadLike(), min_global_match=0)  # the rule off: any draft of >= 3 tokens
     _answer_earlier_request(old)
-    assert old.source(2, short, 8) == "auto"
+    assert old.source(2, short, 8).name == "auto"
     lookup_only = AutoDrafter()  # no model: the global draft drafts
     _answer_earlier_request(lookup_only)
     assert lookup_only.propose([DraftRequest(2, short, 4, P)])[0].token_ids == [4, 5, 6, 7]

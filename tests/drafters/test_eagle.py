@@ -84,10 +84,10 @@ def test_sampling_drafts_are_coupled_to_the_targets_uniforms(tiny_model: LoadedM
 def test_the_engine_feeds_it_and_refuses_a_target_without_features(tiny_model: LoadedModel) -> None:
     runner = ModelRunner(tiny_model, num_blocks=64)
     d = _drafter(tiny_model)
-    eng = Engine(runner, d, k=3, max_batch=2).start()
+    eng = Engine(runner, d, k=3, max_batch=2)
     try:
         res = eng.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True))
-        plain = Engine(ModelRunner(tiny_model, num_blocks=64), None, k=0).start()
+        plain = Engine(ModelRunner(tiny_model, num_blocks=64), None, k=0)
         try:
             assert res.token_ids == plain.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
         finally:

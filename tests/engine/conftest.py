@@ -23,7 +23,7 @@ from draftgate.models.loader import LoadedModel
 def real_engine(real_model: LoadedModel) -> Iterator[Engine]:
     """Plain decoding on SmolLM2; its runner is shared by every real-model engine."""
     cfg = EngineConfig(drafter=DrafterKind.NONE, num_blocks=160, block_size=16, max_batch=8)
-    engine = build_engine(cfg, loaded=real_model).start()
+    engine = build_engine(cfg, loaded=real_model)
     yield engine
     engine.shutdown()
 

@@ -54,12 +54,11 @@ class Result:
 def run_batch(
     engine: Engine, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]
 ) -> list[Result]:
-    """Submit every request before the loop can take one, then wait for all: they share rounds."""
+    """Submit every request at once, then wait for all: the loop admits one a turn, so they share rounds."""
     ps = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     results = [Result() for _ in prompts]
     for ids, p, r in zip(prompts, ps, results, strict=True):
         engine.submit(list(ids), p, r)
-    engine.start()
     for r in results:
         assert r.done.wait(WAIT_S), "request never finished"
     for r in results:
@@ -119,8 +118,7 @@ def engine_with(base: Engine, drafter: Drafter | None, k: int | None, k_max: int
 
 @contextmanager
 def running(engine: Engine) -> Iterator[Engine]:
-    """Start the engine; on exit check nothing leaked and stop its thread."""
-    engine.start()
+    """Use the engine (it starts with its first request); on exit check nothing leaked and stop its thread."""
     try:
         yield engine
         assert_no_leaks(engine)
@@ -135,7 +133,6 @@ def run_batch_allow_error(
     results = [Result() for _ in prompts]
     for ids, r in zip(prompts, results, strict=True):
         eng.submit(ids, params, r)
-    eng.start()
     for r in results:
         assert r.done.wait(WAIT_S)
     return results

@@ -8,12 +8,12 @@ from fractions import Fraction
 
 import pytest
 
+from draftgate.engine.acceptance import AcceptancePool, AcceptanceTracker
 from draftgate.engine.controller import (
     DOWN_PROBE_EVERY,
+    EXPLORE,
     FEW_CATCH_UPS,
     FEW_PLAIN_TIMINGS,
-    AcceptancePool,
-    AcceptanceTracker,
     GoodputController,
 )
 from draftgate.engine.costs import CATCH_UP_RETRY, STALE_AFTER, CostModel
@@ -203,10 +203,11 @@ def test_zero_acceptance_settles_then_probes_with_backoff() -> None:
     first_zero = ks.index(0)
     assert first_zero <= 30
     probes = [i for i, k in enumerate(ks) if k > 0 and i > first_zero]
-    assert all(ks[i] == K_MAX for i in probes)  # probes draft probe_k = k_max
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert gaps[:4] == [17, 33, 65, 129]  # interval zero rounds, then the probe
-    assert set(gaps[4:]) == {129}  # capped at max_probe_interval
+    for i, gap in zip(probes[1:], gaps, strict=True):  # each probe paid for by the plain rounds before it
+        assert linear(ks[i] + 1) - linear(1) <= EXPLORE * (gap - 1) * linear(1) + 1e-9
+    assert [ks[i] for i in probes[-3:]] == [K_MAX] * 3  # at the longest back-off: probe_k, affordable
+    assert gaps[:4] == [17, 33, 65, 129] and set(gaps[4:]) == {129}  # the back-off doubles, capped at max_probe_interval
     snap = ctl.snapshot()
     assert snap["interval"] == 128 and 0 <= snap["zero_run"] <= 128
     assert snap["window_rounds"] <= 64
@@ -381,7 +382,7 @@ def test_pool_spares_short_requests_the_relearning() -> None:
     alone, _ = _requests(0.0, 12, None, measured(linear), draft)
     pooled, ks = _requests(0.0, 12, AcceptancePool(K_MAX), measured(linear), draft)
     plain = 1.0 / linear(1)
-    assert alone < 0.95 * plain  # what each request relearning costs
+    assert pooled > alone  # what each request relearning costs
     assert pooled >= 0.97 * plain
     assert all(k == 0 for k in ks[-1][:8])  # starts at plain decoding
     assert set(ks[-1]) <= {0, 1}  # probes are one draft token

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -197,7 +198,7 @@ def real_bf16_engine(real_model: LoadedModel) -> Iterator[Engine]:
         real_model.config, {k: v.to(cfg.torch_dtype) if v.is_floating_point() else v for k, v in real_model.weights.items()},
         real_model.tokenizer, real_model.source,
     )  # fmt: skip
-    engine = build_engine(cfg, loaded=bf16).start()
+    engine = build_engine(cfg, loaded=bf16)
     yield engine
     engine.shutdown()
 
@@ -237,7 +238,7 @@ def _real_blocks(real_model: LoadedModel) -> LoadedModel:
 def real_q4_engine(real_model: LoadedModel) -> Iterator[Engine]:
     """Plain decoding on SmolLM2's own quantization (Q4_1 products, Q8_0 embedding and head)."""
     cfg = EngineConfig(drafter=DrafterKind.NONE, dtype="auto", num_blocks=160, max_batch=8, cache_dir=MODEL_CACHE)
-    engine = build_engine(cfg, loaded=_real_blocks(real_model)).start()
+    engine = build_engine(cfg, loaded=_real_blocks(real_model))
     yield engine
     engine.shutdown()
 
@@ -406,7 +407,6 @@ def test_a_sampled_model_draft_gives_a_seed_the_same_tokens_alone_or_in_a_batch(
     """With a sampled q, which positions get drafted changes the tokens; adaptive K must not
     follow the clock or the batch for a seeded request (it did: 2 of 24 seeded runs differed)."""
     eng = make_tiny(DrafterKind.MODEL, k, draft_model=str(tiny_draft_dir), max_batch=8)
-    eng.start()
     prompts = tiny_prompts(6, seed=5)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i, max_new_tokens=40, ignore_eos=True)
               for i in range(6)]  # fmt: skip
@@ -554,7 +554,6 @@ def test_cancel_mid_stream_frees_everything(make_tiny: Callable[..., Engine]) ->
         first.set()
 
     cancel = eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True), sink)
-    eng.start()
     assert first.wait(WAIT_S)
     cancel()
     assert res.done.wait(WAIT_S)
@@ -568,12 +567,19 @@ def test_cancel_mid_stream_frees_everything(make_tiny: Callable[..., Engine]) ->
 
 
 def test_cancel_before_admission_and_via_generate(make_tiny: Callable[..., Engine]) -> None:
-    eng = make_tiny(DrafterKind.SUFFIX, None)
+    eng = make_tiny(DrafterKind.SUFFIX, None, max_batch=1)
+    held = Result()
+    release = eng.submit(TINY_PROMPTS[1], SamplingParams(max_new_tokens=5), held, ready=lambda: False)  # holds the slot
+    deadline = time.monotonic() + WAIT_S
+    while not held.chunks:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     waiting = Result()
     cancel = eng.submit(TINY_PROMPTS[2], SamplingParams(max_new_tokens=50), waiting)
-    cancel()  # before the loop ever runs
-    eng.start()
-    assert waiting.done.wait(WAIT_S) and waiting.finish_reason == "abort"
+    cancel()  # still waiting: the batch is full
+    assert waiting.done.wait(WAIT_S) and waiting.finish_reason == "abort" and waiting.token_ids == []
+    release()
+    assert held.done.wait(WAIT_S) and held.finish_reason == "abort"
 
     async def stream_then_drop() -> int:
         agen = eng.generate(TINY_PROMPTS[3], SamplingParams(max_new_tokens=200, ignore_eos=True))
@@ -601,7 +607,6 @@ def test_shutdown_ends_requests_in_flight(make_tiny: Callable[..., Engine]) -> N
 
     eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=200, ignore_eos=True), sink)
     eng.submit(TINY_PROMPTS[1], SamplingParams(max_new_tokens=200, ignore_eos=True), waiting_req)
-    eng.start()
     assert first.wait(WAIT_S)
     eng.shutdown()
     assert running_req.done.wait(5) and running_req.finish_reason == "abort"
@@ -610,7 +615,6 @@ def test_shutdown_ends_requests_in_flight(make_tiny: Callable[..., Engine]) -> N
     # A request after shutdown is served (the loop restarts) rather than left hanging.
     late = Result()
     eng.submit(TINY_PROMPTS[2], SamplingParams(max_new_tokens=5), late)
-    eng.start()
     assert late.done.wait(WAIT_S) and late.finish_reason in ("length", "stop")
 
 
@@ -653,7 +657,6 @@ def test_many_concurrent_requests_then_no_leaks(make_tiny: Callable[..., Engine]
     results = [Result() for _ in prompts]
     for ids, p, r in zip(prompts, params, results, strict=True):
         cancels.append(eng.submit(ids, p, r))
-    eng.start()
     for c in cancels[::7]:
         c()
     for r in results:
@@ -735,7 +738,7 @@ class BrokenDrafter(OracleDrafter):
 def test_failed_drafter_degrades_to_plain_decoding(
     make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], mode: str
 ) -> None:
-    """DESIGN 5.3: a failed drafter degrades that request to plain decoding; the others keep speculating."""
+    """A failed drafter degrades that request to plain decoding; the others keep speculating."""
     base = make_tiny(DrafterKind.NONE, max_batch=4)
     refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
     drafter = BrokenDrafter(refs, culprit=TINY_PROMPTS[0], mode=mode)
@@ -796,13 +799,22 @@ def test_bad_prompts_rejected_with_clear_messages(make_tiny: Callable[..., Engin
 
 
 def test_full_queue_refuses_with_capacity_error(make_tiny: Callable[..., Engine]) -> None:
-    eng = make_tiny(DrafterKind.NONE, max_queue=2)  # not started: nothing leaves the queue yet
+    """The queue counts requests not yet running: with the one batch slot held, two wait and a third is refused."""
+    eng = make_tiny(DrafterKind.NONE, max_queue=2, max_batch=1)
+    held = Result()
+    cancel = eng.submit(TINY_PROMPTS[1], SamplingParams(max_new_tokens=3), held, ready=lambda: False)  # never takes a round
+    deadline = time.monotonic() + WAIT_S
+    while not held.chunks:  # admitted: its first token came, it holds the only slot
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     queued = [Result(), Result()]
     for r in queued:
         eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=3), r)
     with pytest.raises(CapacityError, match="queue is full"):
         eng.submit(TINY_PROMPTS[0], SamplingParams(max_new_tokens=3), Result())
-    eng.start()
+    assert eng.num_waiting == 2 and eng.num_running == 1
+    cancel()
+    assert held.done.wait(WAIT_S) and held.finish_reason == "abort"
     for r in queued:
         assert r.done.wait(WAIT_S) and r.finish_reason == "length"
 

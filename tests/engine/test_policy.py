@@ -17,8 +17,9 @@ from engine_support import (
     running,
 )
 
-from draftgate.drafters.base import Abilities, Draft, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, DraftRequest, Source
 from draftgate.engine import DrafterKind, Engine
+from draftgate.engine.controller import GoodputController
 from draftgate.types import SamplingParams
 
 
@@ -79,10 +80,10 @@ class TwoSourceDrafter(OracleDrafter):
         self.ks: dict[str, list[int]] = {"two+oracle": [], "two+junk": []}
         self.abilities = Abilities(sources=self)
 
-    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
+    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> Source:
         self.turn += 1
         self.planned[seq_id] = "two+oracle" if self.turn % 2 else "two+junk"
-        return self.planned[seq_id]
+        return Source(self.planned[seq_id])
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = super().propose(requests)
@@ -109,12 +110,12 @@ def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engin
     spec.policy.cost = FrozenCost()
     with running(spec) as eng:
         res = run_batch(eng, TINY_PROMPTS[:1], params)
-        pools = dict(eng.policy._pools)  # noqa: SLF001
+        good_pool, junk_pool = eng.policy.pool("two+oracle"), eng.policy.pool("two+junk")
     assert res[0].token_ids == plain.token_ids
     good, junk = drafter.ks["two+oracle"], drafter.ks["two+junk"]
     assert len(junk) >= 8 and max(good) == 8
-    assert pools["two+oracle"].alpha() > 0.9 and pools["two+junk"].alpha() < 0.15, (
-        pools["two+oracle"].alpha(), pools["two+junk"].alpha())  # fmt: skip
+    assert good_pool is not None and junk_pool is not None
+    assert good_pool.alpha() > 0.9 and junk_pool.alpha() < 0.15, (good_pool.alpha(), junk_pool.alpha())
 
 
 
@@ -127,26 +128,26 @@ def test_k_choice_sees_the_other_sequences_tokens_and_draft_calls_are_priced_per
     base = make_tiny(DrafterKind.NONE, max_batch=4)
     refs = [p + o for p, o in zip(TINY_PROMPTS, tiny_plain["greedy"], strict=True)]
     eng = engine_with(base, OracleDrafter(refs), k=None, k_max=3)
-    choose, step = eng.policy._choose_k, eng._step
+    choose, step = GoodputController.choose_k, eng._step
     seen: list[tuple[int, int]] = []  # (other_tokens, k chosen) in batch order
     rounds: list[list[tuple[int, int]]] = []
 
-    def recorded_choose(st, s, other_tokens):  # noqa: ANN001, ANN202
-        k = choose(st, s, other_tokens)
-        seen.append((other_tokens, k))
+    def recorded_choose(ctl, cost, other_tokens=0, catch_up=0, remaining=None):  # noqa: ANN001, ANN202
+        k = choose(ctl, cost, other_tokens, catch_up, remaining)
+        seen.append((other_tokens, min(k, remaining - 1) if remaining is not None else k))
         return k
 
-    def recorded_step() -> None:
+    def recorded_step(batch) -> None:  # noqa: ANN001
         seen.clear()
-        step()
+        step(batch)
         rounds.append(list(seen))
 
-    monkeypatch.setattr(eng.policy, "_choose_k", recorded_choose)
+    monkeypatch.setattr(GoodputController, "choose_k", recorded_choose)
     monkeypatch.setattr(eng, "_step", recorded_step)
     priced: list[int] = []
     observe = eng.cost.observe_draft
     eng.cost.observe_draft = lambda name, n, s: (priced.append(n), observe(name, n, s))  # type: ignore[method-assign]
-    try:  # not `running`: the loop starts after all three are queued (else one may finish before the third arrives)
+    try:
         res = run_batch(eng, TINY_PROMPTS[:3], TINY_SETTINGS["greedy"])
         assert_no_leaks(eng)
     finally:

@@ -17,6 +17,8 @@ from torch import Tensor
 
 from draftgate.drafters.base import Abilities, Draft, DraftRequest, SparseQ
 from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.policy import SpeculationPolicy
+from draftgate.engine.round import Round
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
 from draftgate.engine.step import speculative_step
 from draftgate.models.loader import LoadedModel
@@ -61,6 +63,19 @@ def _seq(
     )
     s.append(list(output))
     return s
+
+
+def _step(
+    target: LocalTarget, drafter, seqs: Sequence[SequenceState], ks: Sequence[int], hidden: Sequence[bool] | None = None  # noqa: ANN001
+) -> list[Round]:
+    """One speculative step with K fixed per sequence (``hidden``: the drafter failed on it before)."""
+    policy = SpeculationPolicy(drafter, None, max([*ks, 1]))
+    for i, (s, k) in enumerate(zip(seqs, ks, strict=True)):
+        policy.open(s.seq_id, s.params, k=k)
+        policy.state(s.seq_id).drafter_failed = bool(hidden and hidden[i])
+    rounds = [Round(s, max([*ks, 0])) for s in seqs]
+    speculative_step(target, drafter, policy, rounds)
+    return rounds
 
 
 def _prefill(runner: ModelRunner, seq_id: int) -> None:
@@ -162,14 +177,14 @@ def test_step_with_sampled_drafter_emits_target_distribution(
     try:
         for rep in range(R):
             seqs = [_seq(runner, SAMPLED, seed=rep * B + sid, seq_id=sid) for sid in ids]
-            res = speculative_step(LocalTarget(runner), drafter, seqs, [K] * B)
-            for s, e, a in zip(seqs, [x.emitted for x in res.rounds], [x.accepted for x in res.rounds], strict=True):
+            res = _step(LocalTarget(runner), drafter, seqs, [K] * B)
+            for s, e, a in zip(seqs, [x.kept for x in res], [x.accepted for x in res], strict=True):
                 counts[e[0]] += 1
                 accepted += a
                 # Rolled back to the accepted prefix.
                 assert runner.length(s.seq_id) == len(s.history) - 1
                 runner.truncate(s.seq_id, len(PROMPT))
-            assert not any([x.draft_failed for x in res.rounds])
+            assert not any([x.draft_failed for x in res])
     finally:
         for sid in ids:
             runner.free(sid)
@@ -225,16 +240,16 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
     drafter = FixedDrafter(drafts)
     seqs = [_seq(runner, GREEDY, seed=0, seq_id=sid) for sid in plan]
     try:
-        res = speculative_step(LocalTarget(runner), drafter, seqs, [k for k, _ in plan.values()])
-        assert [x.drafted for x in res.rounds] == [k for k, _ in plan.values()]
-        assert [x.accepted for x in res.rounds] == [a for _, a in plan.values()]
-        assert res.forward_tokens == sum(k + 1 for k, _ in plan.values())
-        for s, e, (_, a) in zip(seqs, [x.emitted for x in res.rounds], plan.values(), strict=True):
+        res = _step(LocalTarget(runner), drafter, seqs, [k for k, _ in plan.values()])
+        assert [x.drafted for x in res] == [k for k, _ in plan.values()]
+        assert [x.accepted for x in res] == [a for _, a in plan.values()]
+        assert sum(x.rows for x in res) == sum(k + 1 for k, _ in plan.values())
+        for s, e, (_, a) in zip(seqs, [x.kept for x in res], plan.values(), strict=True):
             assert e == cont[: a + 1] and s.output == plain[: a + 2]
             assert runner.length(s.seq_id) == len(PROMPT) + 1 + a == len(s.history) - 1
         # A second step continues from the rolled-back state exactly as plain decoding would.
-        res2 = speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
-        for s, e in zip(seqs, [x.emitted for x in res2.rounds], strict=True):
+        res2 = _step(LocalTarget(runner), None, seqs, [0] * len(seqs))
+        for s, e in zip(seqs, [x.kept for x in res2], strict=True):
             assert s.output == plain[: len(s.output)] and len(e) == 1
     finally:
         for sid in plan:
@@ -274,9 +289,9 @@ def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | Non
         runner.prefill(sid, PROMPT)
         seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
     try:
-        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 3, 3])
-        assert [x.draft_failed for x in res.rounds] == [False, True, False]
-        assert [x.drafted for x in res.rounds] == [3, 0, 3]
+        res = _step(LocalTarget(runner), drafter, seqs, [3, 3, 3])
+        assert [x.draft_failed for x in res] == [False, True, False]
+        assert [x.drafted for x in res] == [3, 0, 3]
         for s in seqs:
             assert runner.length(s.seq_id) == len(s.history) - 1
     finally:
@@ -309,12 +324,12 @@ def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_not
         runner.prefill(sid, PROMPT)
         seqs.append(_seq(runner, GREEDY, seed=0, seq_id=sid))
     try:
-        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0])
-        assert [x.drafted for x in res.rounds] == [3, 0] and [x.draft_failed for x in res.rounds] == [False, False]
+        res = _step(LocalTarget(runner), drafter, seqs, [3, 0])
+        assert [x.drafted for x in res] == [3, 0] and [x.draft_failed for x in res] == [False, False]
         assert calls == [[311, 312], [311]]
         calls.clear()
-        res = speculative_step(LocalTarget(runner), drafter, seqs, [3, 0], hidden=[False, True])
-        assert [x.drafted for x in res.rounds] == [3, 0] and calls == [[311]]
+        res = _step(LocalTarget(runner), drafter, seqs, [3, 0], hidden=[False, True])
+        assert [x.drafted for x in res] == [3, 0] and calls == [[311]]
         for s in seqs:
             assert runner.length(s.seq_id) == len(s.history) - 1
     finally:
@@ -332,7 +347,7 @@ def _plain_output(runner: ModelRunner, params: SamplingParams, n: int) -> list[i
     s = _seq(runner, params, seed=0, seq_id=sid)
     try:
         while len(s.output) < n + 1:
-            speculative_step(LocalTarget(runner), None, [s], [0])
+            _step(LocalTarget(runner), None, [s], [0])
     finally:
         runner.free(sid)
     return list(s.output)
@@ -360,16 +375,16 @@ def test_a_draft_tree_keeps_the_path_the_target_follows(runner: ModelRunner, par
     drafter = FixedDrafter({sid: Draft(d, tree=t) for sid, (d, t, _) in plan.items()})
     seqs = [_seq(runner, params, seed=0, seq_id=sid) for sid in plan]
     try:
-        res = speculative_step(LocalTarget(runner), drafter, seqs, [3] * len(plan))
-        assert [x.accepted for x in res.rounds] == [a for *_, a in plan.values()]
-        assert [x.branch_rows for x in res.rounds] == [len(t) for _, t, _ in plan.values()]
-        assert res.forward_tokens == sum(len(d) + 1 + len(t) for d, t, _ in plan.values())
+        res = _step(LocalTarget(runner), drafter, seqs, [3] * len(plan))
+        assert [x.accepted for x in res] == [a for *_, a in plan.values()]
+        assert [x.branch_rows for x in res] == [len(t) for _, t, _ in plan.values()]
+        assert sum(x.rows for x in res) == sum(len(d) + 1 + len(t) for d, t, _ in plan.values())
         for s, (*_, a) in zip(seqs, plan.values(), strict=True):
             assert s.output == plain[: a + 2]
             assert runner.length(s.seq_id) == len(s.history) - 1
         # The next rounds continue from the kept path's KV exactly as plain decoding would.
         for _ in range(3):
-            speculative_step(LocalTarget(runner), None, seqs, [0] * len(seqs))
+            _step(LocalTarget(runner), None, seqs, [0] * len(seqs))
         for s in seqs:
             assert s.output == plain[: len(s.output)]
     finally:
@@ -389,10 +404,10 @@ def test_a_draft_tree_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel
     try:
         c = plain[1:]
         d = Draft([(c[0] + 1) % V, 3, 4], tree=((0, c[0]), (4, c[1]), (5, c[2])))
-        res = speculative_step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
-        assert [x.accepted for x in res.rounds] == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
+        res = _step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
+        assert [x.accepted for x in res] == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
         ran = 3 if accepted else 0  # a skipped tree ran no rows: none counted, none priced
-        assert [x.branch_rows for x in res.rounds] == [ran] and res.forward_tokens == 4 + ran
+        assert [x.branch_rows for x in res] == [ran] and sum(x.rows for x in res) == 4 + ran
     finally:
         small.free(1)
     small.kv.check_no_leaks()

@@ -45,7 +45,7 @@ def draft_url(model_service: DraftService) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def plain(tiny_model: LoadedModel) -> Iterator[Engine]:
     cfg = EngineConfig(model="tiny", drafter=DrafterKind.NONE, num_blocks=256, block_size=8)
-    engine = build_engine(cfg, loaded=tiny_model).start()
+    engine = build_engine(cfg, loaded=tiny_model)
     yield engine
     engine.shutdown()
 

@@ -55,7 +55,7 @@ class Plain:
 @pytest.fixture(scope="module")
 def plain(tiny_model: LoadedModel) -> Iterator[Plain]:
     cfg = EngineConfig(model="tiny", drafter=DrafterKind.NONE, num_blocks=256, block_size=8)
-    engine = build_engine(cfg, loaded=tiny_model).start()
+    engine = build_engine(cfg, loaded=tiny_model)
     yield Plain(engine)
     engine.shutdown()
 
@@ -200,7 +200,7 @@ def test_sparse_q_rounds_verify_exactly_as_the_engine(tiny_model, plain, start_w
     worker = start_worker()
     remote = make_remote([worker], DyadicDrafter(V), k=3)
     runner = ModelRunner(tiny_model, num_blocks=256, block_size=8)
-    embedded = Engine(runner, DyadicDrafter(V), k=3).start()
+    embedded = Engine(runner, DyadicDrafter(V), k=3)
     try:
         got = remote.complete(PROMPTS[0], GREEDY)  # greedy ignores q: still plain's output
         assert got.token_ids == plain.complete(PROMPTS[0], GREEDY).token_ids
@@ -431,7 +431,6 @@ def test_a_request_has_released_its_session_when_its_last_chunk_arrives(start_wo
 
     params = SamplingParams(max_new_tokens=12 if ending == "length" else 200, ignore_eos=True)
     cancel = remote.submit(remote.encode(PROMPTS[0]), params, sink)
-    remote.start()
     if ending != "length":
         deadline = time.monotonic() + WAIT_S
         while not worker.host.open_sessions and not done.is_set():  # the session is open, rounds run

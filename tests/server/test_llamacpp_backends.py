@@ -117,8 +117,8 @@ def _run(engine: object, ids: list[int], params: SamplingParams) -> tuple[list[i
 @needs_llama
 def test_llamacpp_drafter_in_front_of_embedded_is_lossless(real_model: LoadedModel, llama_server: str) -> None:
     cfg = EngineConfig(model="smollm2-135m", drafter=DrafterKind.NONE, k=4, num_blocks=256, block_size=16)
-    plain = build_engine(cfg, loaded=real_model).start()
-    spec = build_backend(cfg, TargetSpec(TargetKind.EMBEDDED), DrafterSpec(RemoteDrafterKind.LLAMACPP, llama_server, 5.0), real_model).start()
+    plain = build_engine(cfg, loaded=real_model)
+    spec = build_backend(cfg, TargetSpec(TargetKind.EMBEDDED), DrafterSpec(RemoteDrafterKind.LLAMACPP, llama_server, 5.0), real_model)
     try:
         drafted = 0
         for p in PROMPTS:

@@ -102,7 +102,6 @@ def test_gateway_over_grpc_worker_is_lossless(tiny_model: LoadedModel, tiny_mode
             import openai
 
             client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30)
-            plain.start()
             drafted = 0
             for prompt in PROMPTS:
                 from draftgate.types import SamplingParams

@@ -1,4 +1,4 @@
-"""Bad input gets a 4xx in OpenAI's error shape and the server keeps serving (DESIGN §5.4)."""
+"""Bad input gets a 4xx in OpenAI's error shape and the server keeps serving."""
 
 from __future__ import annotations
 

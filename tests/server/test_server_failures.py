@@ -1,4 +1,4 @@
-"""Failure paths (DESIGN §5.3): client disconnect, engine errors, a full queue. Nothing leaks."""
+"""Failure paths: client disconnect, engine errors, a full queue. Nothing leaks."""
 
 from __future__ import annotations
 

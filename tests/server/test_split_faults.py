@@ -142,7 +142,7 @@ def draft_sessions(url: str) -> int:
 def plain_text(tiny_model: LoadedModel) -> str:
     """Plain greedy decoding of PROMPT on the embedded engine: what every split request must produce."""
     cfg = EngineConfig(model="tiny", drafter=DrafterKind.NONE, num_blocks=256, block_size=8)
-    engine: Engine = build_engine(cfg, loaded=tiny_model).start()
+    engine: Engine = build_engine(cfg, loaded=tiny_model)
     try:
         return engine.complete(PROMPT, SamplingParams(max_new_tokens=MAX_TOKENS, ignore_eos=True), raw=True).text
     finally:

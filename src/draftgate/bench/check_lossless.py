@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from draftgate.engine import Chunk
-from draftgate.engine.compare import Submits, collect, first_difference
+from draftgate.engine.backend import Backend
+from draftgate.engine.compare import collect, first_difference
 from draftgate.errors import BadRequestError
 from draftgate.types import SamplingParams
 from draftgate.verify.fidelity import positional_homogeneity
@@ -107,7 +108,7 @@ def _params(cfg: CheckConfig, seed: int | None, max_new_tokens: int, ignore_eos:
     ).validate()  # fmt: skip
 
 
-def _run(backend: Submits, ids: list[int], params: SamplingParams, speculate: bool) -> tuple[list[int], Chunk]:
+def _run(backend: Backend, ids: list[int], params: SamplingParams, speculate: bool) -> tuple[list[int], Chunk]:
     tokens, last = collect(backend, ids, params, speculate=speculate)
     if last.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"the request ended with {last.finish_reason}: {last.error or 'no reason given'}")
@@ -125,14 +126,14 @@ def _diff(check: str, pid: str, what: str, a: list[int], b: list[int]) -> Findin
     )  # fmt: skip
 
 
-def _greedy(backend: Submits, p: CheckPrompt, cfg: CheckConfig) -> Finding:
+def _greedy(backend: Backend, p: CheckPrompt, cfg: CheckConfig) -> Finding:
     params = _params(cfg, None, cfg.max_new_tokens, cfg.ignore_eos)
     plain, _ = _run(backend, p.token_ids, params, speculate=False)
     spec, _ = _run(backend, p.token_ids, params, speculate=True)
     return _diff("greedy", p.id, "speculative vs plain greedy", plain, spec)
 
 
-def _seeded(backend: Submits, p: CheckPrompt, seed: int, cfg: CheckConfig) -> list[Finding]:
+def _seeded(backend: Backend, p: CheckPrompt, seed: int, cfg: CheckConfig) -> list[Finding]:
     params = _params(cfg, seed, cfg.max_new_tokens, cfg.ignore_eos)
     first, last = _run(backend, p.token_ids, params, speculate=True)
     if last.stats is not None and last.stats.approximate:
@@ -145,7 +146,7 @@ def _seeded(backend: Submits, p: CheckPrompt, seed: int, cfg: CheckConfig) -> li
     return out
 
 
-def _distribution(backend: Submits, p: CheckPrompt, cfg: CheckConfig, progress: Progress) -> Finding:
+def _distribution(backend: Backend, p: CheckPrompt, cfg: CheckConfig, progress: Progress) -> Finding:
     """Chi-square homogeneity of speculative vs plain sampling, per output position."""
     n, m = cfg.samples, cfg.sample_tokens
     jobs = [(seed, True) for seed in range(1, n + 1)] + [(seed, False) for seed in range(n + 1, 2 * n + 1)]
@@ -169,7 +170,7 @@ def _distribution(backend: Submits, p: CheckPrompt, cfg: CheckConfig, progress: 
     )  # fmt: skip
 
 
-def _refuses_sampling(backend: Submits, p: CheckPrompt, cfg: CheckConfig) -> str | None:
+def _refuses_sampling(backend: Backend, p: CheckPrompt, cfg: CheckConfig) -> str | None:
     try:
         _run(backend, p.token_ids, _params(cfg, 1, 1, ignore_eos=True), speculate=True)
     except BadRequestError as e:
@@ -180,7 +181,7 @@ def _refuses_sampling(backend: Submits, p: CheckPrompt, cfg: CheckConfig) -> str
 
 
 def check_lossless(
-    backend: Submits, name: str, prompts: Sequence[CheckPrompt], cfg: CheckConfig, progress: Progress | None = None
+    backend: Backend, name: str, prompts: Sequence[CheckPrompt], cfg: CheckConfig, progress: Progress | None = None
 ) -> LosslessReport:
     """Run every check on ``backend``; a check that cannot run (the request fails) is a failure."""
     cfg = cfg.validate()

@@ -117,7 +117,6 @@ def run_check_lossless(a: argparse.Namespace) -> int:
     routes = build_route_table([spec])
     try:
         backend = next(iter(routes)).engine
-        backend.start()
         cases = [CheckPrompt(p.id, backend.encode(p.messages(0, []))) for p in prompts]
         k = "auto" if spec.config.k is None else spec.config.k
         what = f"route {spec.name} (target {spec.target.kind.value}, drafter {spec.drafter_spec.text}, k {k})"

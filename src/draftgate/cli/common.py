@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from draftgate.engine.config import DrafterKind, EngineConfig
+from draftgate.models.native import LEVELS
 from draftgate.models.runner import Kernels
 from draftgate.paths import default_cache_dir
 from draftgate.types import SamplingParams
@@ -80,6 +81,11 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         help="forward implementation: auto (native CPU kernels on CPU, PyTorch on CUDA), native, or torch "
         "(PyTorch's CPU kernels: slower, batch invariance not guaranteed) (default: %(default)s)",
     )
+    g.add_argument(
+        "--kernel-level", default="auto", choices=["auto", *LEVELS],
+        help="instruction set of the native kernels: auto (the best this CPU runs) or a lower one, to see what a "
+        "CPU without the higher one's instructions gets (default: %(default)s)",
+    )  # fmt: skip
     g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
     g.add_argument("--cache-dir", type=Path, default=None, help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)")
 
@@ -110,6 +116,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         num_blocks=a.kv_blocks,
         cache_dir=a.cache_dir or default_cache_dir(),
         kernels=Kernels(a.kernels),
+        kernel_level=None if getattr(a, "kernel_level", "auto") == "auto" else a.kernel_level,
     ).validate()
 
 

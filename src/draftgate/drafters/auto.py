@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftgate.drafters.base import Abilities, Draft, Drafter, DraftRequest
+from draftgate.drafters.base import Abilities, Draft, Drafter, DraftRequest, Source
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.types import SamplingParams
@@ -77,7 +77,10 @@ class AutoDrafter:
         self.feature_layers: tuple[int, ...] = reader.feature_layers if reader is not None else ()
         head = reader is not None  # a draft head drafts in a millisecond; a draft model costs more
         self.abilities = Abilities(
-            features=self if head else None, sources=self if model is not None else None, forget=self.forget
+            features=self if head else None,
+            lookup=model is None,  # lookups only: one source
+            sources=self if model is not None else None,
+            forget=self.forget,
         )
         self._min_lookup = min_lookup if min_lookup is not None else (3 if head else 1)
         self._use: dict[int, _ModelUse] = {}
@@ -99,20 +102,20 @@ class AutoDrafter:
         (counting only drafts it has evidence enough for, see MIN_GLOBAL_MATCH)."""
         return k > 0 and lookup_len < min(self._min_lookup, k)
 
-    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
+    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> Source:
         """Where this sequence's next draft comes from: ``auto`` (lookup) or ``auto+<model>``.
 
-        The engine keeps one goodput controller (acceptance, cost, K) per source, so the model's
-        acceptance never shortens lookup's drafts. The decision is kept for the ``propose`` of
-        the same round.
+        The engine keeps one acceptance estimate per source (lookup's per evidence, the model's per
+        request), so the model's acceptance never shortens lookup's drafts. The decision is kept for
+        the ``propose`` of the same round.
         """
         if self._model is None:
-            return self.name
+            return Source(self.name, lookup=True)
         ask = min(self._min_lookup, k_max)  # enough to tell whether lookup proposes min_lookup tokens
         _, strong = self._lookup([DraftRequest(seq_id, tokens, ask, SamplingParams())])[0]
         model = self._wants_model(strong, k_max)
         self._plans[seq_id] = (len(tokens), model)
-        return f"{self.name}+{self._model.name}" if model else self.name
+        return Source(f"{self.name}+{self._model.name}") if model else Source(self.name, lookup=True)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         planned = [self._plans.pop(r.seq_id, None) for r in requests]

@@ -9,9 +9,11 @@ drafter is told the outcome so it can update caches or statistics.
 
 What a drafter can do beyond that it declares in ``abilities`` (``Abilities``), never found
 by probing: ``features`` (it reads the embedded target's hidden states: eagle, auto with a
-draft head), ``sources`` (it drafts from several sources, auto: which one drafts a sequence's
-next round; the engine keeps one goodput controller per source), ``forget`` (it drops its
-memory of finished requests: benchmark runs start from the same state).
+draft head), ``lookup`` (its drafts are lookups: free to propose, with their evidence in
+``Draft.context``; the engine asks for all a lookup has and prices each draft by its evidence),
+``sources`` (it drafts from several sources, auto: which one drafts a sequence's next round; the
+engine keeps one acceptance estimate per source), ``forget`` (it drops its memory of finished
+requests: benchmark runs start from the same state).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from draftgate.types import SamplingParams
 
-__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "Abilities", "FeatureReader", "SourceChooser", "mass_at_drafts", "is_one_hot", "draft_problem"]
+__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "Abilities", "FeatureReader", "Source", "SourceChooser", "mass_at_drafts", "is_one_hot", "draft_problem"]
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,20 @@ class FeatureReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a sequence's next draft comes from: a name that keys its acceptance and price, and
+    whether it is a lookup (free to propose, evidence in ``Draft.context``: priced per draft)."""
+
+    name: str
+    lookup: bool = False
+
+
 class SourceChooser(Protocol):
     """A drafter with several sources (lookup, a draft head) that says which drafts a sequence next."""
 
-    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> str:
-        """The source of the sequence's next round (its name keys a goodput controller)."""
+    def source(self, seq_id: int, tokens: Sequence[int], k_max: int) -> Source:
+        """The source of the sequence's next round."""
         ...
 
 
@@ -88,6 +99,7 @@ class Abilities:
     """What a drafter can do beyond propose / observe / release, declared by the drafter itself."""
 
     features: FeatureReader | None = None  # reads the embedded target's hidden states
+    lookup: bool = False  # its drafts are lookups (one source; with several, each Source says)
     sources: SourceChooser | None = None  # drafts from several sources
     forget: Callable[[], None] | None = None  # drops its memory of finished requests
 

@@ -58,7 +58,7 @@ class NgramDrafter:
 
     name = "ngram"
     sampled_q = False
-    abilities = Abilities()  # none beyond the protocol
+    abilities = Abilities(lookup=True)  # its drafts are lookups: proposed in full, priced by their evidence
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         if min_n < 1 or max_n < min_n:
@@ -86,6 +86,11 @@ class NgramDrafter:
 
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences the drafter holds an index for (0 once every one is released)."""
+        return len(self._seqs)
 
     # -- internals --------------------------------------------------------
 

@@ -250,7 +250,7 @@ class SuffixDrafter:
         self._global_texts: deque[list[int]] = deque()
         self._global_tokens = 0
         self._reqs: dict[int, _Request] = {}
-        self.abilities = Abilities(forget=self.forget)
+        self.abilities = Abilities(lookup=True, forget=self.forget)
 
     @property
     def global_tokens(self) -> int:

@@ -26,9 +26,9 @@ class TimeLimitedDrafter:
         self.inner = inner
         self.name = inner.name
         self.sampled_q = inner.sampled_q
-        # None forwarded: the inner drafter runs on the helper thread, and reading the target's
-        # features, choosing sources or forgetting there would race with a call still running.
-        self.abilities = Abilities()
+        # Only whether it drafts lookups is forwarded: the inner drafter runs on the helper thread, and
+        # reading the target's features, choosing sources or forgetting there would race with a call.
+        self.abilities = Abilities(lookup=inner.abilities.lookup)
         self.timeout_s = timeout_s
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="draftgate-draft")
 

@@ -1,26 +1,24 @@
 """Requests, continuous batching, the speculative step, adaptive K, and the round-target seam."""
 
+from draftgate.engine.backend import Backend, Chunk, ChunkStream, Completion, Sink
 from draftgate.engine.config import DrafterKind, EngineConfig
 from draftgate.engine.costs import CostModel
-from draftgate.engine.engine import Chunk, Completion, Engine
+from draftgate.engine.engine import Engine, Submitted
 from draftgate.engine.factory import build_engine
 from draftgate.engine.local_target import LocalTarget
+from draftgate.engine.round import Round
 from draftgate.engine.scored_target import ScoredTarget, Scorer, verify_choices
 from draftgate.engine.sequence import IncrementalText, StopChecker
 from draftgate.engine.session_host import SessionHost
-from draftgate.engine.target import (
-    NotNow,
-    RoundDone,
-    RoundTarget,
-    RoundWork,
-    TargetInfo,
-    check_prompt,
-)
+from draftgate.engine.target import DraftPricer, NotNow, RoundTarget, TargetInfo, check_prompt
 
 __all__ = [
+    "Backend",
     "Chunk",
+    "ChunkStream",
     "Completion",
     "CostModel",
+    "DraftPricer",
     "DrafterKind",
     "Engine",
     "EngineConfig",
@@ -28,13 +26,14 @@ __all__ = [
     "build_engine",
     "LocalTarget",
     "NotNow",
-    "RoundDone",
+    "Round",
     "RoundTarget",
-    "RoundWork",
     "ScoredTarget",
     "Scorer",
     "SessionHost",
+    "Sink",
     "StopChecker",
+    "Submitted",
     "TargetInfo",
     "check_prompt",
     "verify_choices",

@@ -4,23 +4,14 @@
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
-from draftgate.engine.frontend import Chunk
+from draftgate.engine.backend import Backend, Chunk
 from draftgate.types import SamplingParams
 
-__all__ = ["Submits", "collect", "first_difference", "RUN_TIMEOUT_S"]
+__all__ = ["collect", "first_difference", "RUN_TIMEOUT_S"]
 
-
-class Submits(Protocol):
-    """The two calls ``collect`` needs (``Engine`` over any round target has them)."""
-
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Chunk], None], speculate: bool = True
-    ) -> Callable[[], None]: ...
-
-    def start(self) -> object: ...
 
 RUN_TIMEOUT_S = 120.0  # the longest wait for one chunk
 
@@ -35,7 +26,7 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
 
 
 def collect(
-    engine: Submits, prompt_ids: list[int], params: SamplingParams, speculate: bool, timeout_s: float = RUN_TIMEOUT_S
+    engine: Backend, prompt_ids: list[int], params: SamplingParams, speculate: bool, timeout_s: float = RUN_TIMEOUT_S
 ) -> tuple[list[int], Chunk]:
     """Run one request to its end: (every token, the final chunk with finish reason and stats).
 
@@ -44,7 +35,6 @@ def collect(
     """
     out: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
     cancel = engine.submit(list(prompt_ids), params, out.put, speculate=speculate)
-    engine.start()
     tokens: list[int] = []
     try:
         while True:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from draftgate.models.native import LEVELS
 from draftgate.models.runner import Kernels
 
 __all__ = ["DrafterKind", "EngineConfig", "DTYPES"]
@@ -48,6 +49,9 @@ class EngineConfig:
     cache_dir: Path | None = None  # where parsed GGUF weights are cached (None: not cached)
     ngram_max: int = 4
     kernels: Kernels = Kernels.AUTO  # native CPU kernels (batch invariant by construction) or PyTorch's
+    # The native kernels' instruction-set level (models.native.LEVELS); None: the best this CPU runs. A lower
+    # level shows what a CPU without the higher one's instructions gets (an AVX2-only EPYC, say).
+    kernel_level: str | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -71,6 +75,8 @@ class EngineConfig:
             raise ValueError(f"draft_branch must be in [0, 1] (0: no draft tree), got {self.draft_branch}")
         if not isinstance(self.kernels, Kernels):
             raise ValueError(f"unknown kernels {self.kernels!r}; choose from {[k.value for k in Kernels]}")
+        if self.kernel_level is not None and self.kernel_level not in LEVELS:
+            raise ValueError(f"kernel level must be one of {', '.join(LEVELS)}, got {self.kernel_level!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.num_blocks < 1 or self.block_size < 1 or self.max_batch < 1 or self.max_queue < 1:

@@ -17,17 +17,17 @@ reads. Pure Python, no torch, no I/O; each call is O(K_max) plus a few bisection
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Final
 
+from draftgate.engine.acceptance import AcceptancePool, AcceptanceTracker
 from draftgate.engine.costs import CATCH_UP_RETRY, CostModel
 
-__all__ = ["AcceptancePool", "AcceptanceTracker", "GoodputController"]
+__all__ = ["GoodputController", "goodputs", "down_probe_due"]
 
 NEAR_TIE: Final = 0.02  # goodputs within 2% tie; the smaller K wins (K = 0 included)
-OPTIMISM: Final = 1.5  # posterior sds added to each alpha before K = 0 may be concluded
+OPTIMISM: Final = 1.5  # posterior sds added to each alpha when a probe weighs its catch-up
+EXPLORE: Final = 0.02  # share of plain decoding's time that probes may cost (GoodputController._funded_probe)
 SURPRISE: Final = 0.01  # a probe this unlikely under the window's estimates discards the window
-POOL_MIN_ROUNDS: Final = 8.0  # a pool this thin is not yet a prior
 POOL_WEIGHT: Final = 4.0  # a pooled prior counts as this many of the request's own rounds
 # Plain decoding's cost is only measured in K = 0 rounds, which speculation stops running: while
 # speculating, re-measure it with one K = 0 round ("down-probe") this often (forwards of any
@@ -49,128 +49,8 @@ def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0.0 else math.inf
 
 
-
-class AcceptanceTracker:
-    """Per-position conditional acceptance of one request over its last `window` rounds.
-
-    A round that drafted k tokens and accepted a of them tried positions
-    1..min(a+1, k) and accepted 1..a. The estimate is
-    alpha_i = (accepted_i + w * m_i) / (tried_i + w) with w = prior_weight and
-    prior mean m_1 = prior_alpha, m_i = alpha_{i-1}: a position the request
-    rarely reaches inherits the one before it rather than a fixed guess.
-    """
-
-    def __init__(
-        self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0
-    ) -> None:
-        if k_max < 0:
-            raise ValueError(f"k_max must be >= 0, got {k_max!r}")
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window!r}")
-        if not 0.0 <= prior_alpha <= 1.0:
-            raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha!r}")
-        if not prior_weight > 0.0:
-            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
-        self.k_max, self.window = k_max, window
-        self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
-        self._rounds: deque[tuple[int, int]] = deque()  # (k, accepted), oldest first
-        self._tried = [0] * k_max  # [i]: rounds in the window that reached position i+1
-        self._acc = [0] * k_max  # [i]: rounds in the window that accepted position i+1
-
-    def __len__(self) -> int:
-        """Rounds currently in the window."""
-        return len(self._rounds)
-
-    def record(self, k: int, accepted: int) -> None:
-        """A verified round drafted k tokens and kept the first `accepted` (k == 0: ignored)."""
-        if not 0 <= k <= self.k_max:
-            raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
-        if not 0 <= accepted <= k:
-            raise ValueError(f"accepted must be in [0, {k}], got {accepted!r}")
-        if k == 0:
-            return
-        if len(self._rounds) == self.window:  # ring buffer: drop the oldest in O(1)
-            self._add(*self._rounds.popleft(), sign=-1)
-        self._rounds.append((k, accepted))
-        self._add(k, accepted, sign=1)
-
-    def _add(self, k: int, accepted: int, sign: int) -> None:
-        for i in range(min(accepted + 1, k)):
-            self._tried[i] += sign
-        for i in range(accepted):
-            self._acc[i] += sign
-
-    def clear(self) -> None:
-        """Forget every round (the estimates return to the prior)."""
-        self._rounds.clear()
-        self._tried = [0] * self.k_max
-        self._acc = [0] * self.k_max
-
-    def alphas(self, k: int | None = None, z: float = 0.0) -> list[float]:
-        """alpha_1..alpha_k (default k_max); z > 0 adds z posterior sds (capped at 1)."""
-        k = self.k_max if k is None else k
-        if not 0 <= k <= self.k_max:
-            raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
-        out, m, w = [], self.prior_alpha, self.prior_weight
-        for i in range(k):
-            n = self._tried[i] + w
-            m = (self._acc[i] + w * m) / n  # the mean, and the next position's prior mean
-            out.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (n + 1.0))) if z else m)
-        return out
-
-    def expected_tokens(self, k: int, z: float = 0.0) -> float:
-        """Expected tokens emitted by a round drafting k: 1 + sum_j prod_{i<=j} alpha_i."""
-        total, run = 1.0, 1.0
-        for a in self.alphas(k, z):
-            run *= a
-            total += run
-        return total
-
-    def prob_at_least(self, m: int) -> float:
-        """P(a round accepts at least m drafts) = prod_{i<=m} alpha_i under the estimates."""
-        return math.prod(self.alphas(m))
-
-
-class AcceptancePool:
-    """One drafter's first-draft acceptance pooled over all requests of an engine.
-
-    Rounds that tried draft 1 and rounds that accepted it, decayed by
-    (1 - 1/horizon) per recorded round so the pool follows the traffic. A new
-    request's controller takes `alpha()` as its alpha_1 prior (a drafter that
-    never hits starts at K = 0 instead of relearning it per request) and sizes
-    its probes by it; later positions chain from the request's own alpha_1.
-    Not locked: callers record under their own lock.
-    """
-
-    def __init__(self, k_max: int, horizon: int = 256) -> None:
-        if k_max < 0:
-            raise ValueError(f"k_max must be >= 0, got {k_max!r}")
-        if horizon < 1:
-            raise ValueError(f"horizon must be >= 1, got {horizon!r}")
-        self.k_max = k_max
-        self._decay = 1.0 - 1.0 / horizon
-        self.rounds = 0.0  # decayed count of rounds that drafted (each tried draft 1)
-        self._accepted = 0.0  # decayed count of rounds that accepted draft 1
-
-    def record(self, k: int, accepted: int) -> None:
-        """A verified round of any request drafted k and kept `accepted` (k == 0: ignored)."""
-        if not 0 <= accepted <= k <= self.k_max:
-            raise ValueError(f"need 0 <= accepted <= k <= {self.k_max}, got k={k!r}, accepted={accepted!r}")
-        if k == 0:
-            return
-        self.rounds = self.rounds * self._decay + 1.0
-        self._accepted = self._accepted * self._decay + (1.0 if accepted else 0.0)
-
-    def ready(self) -> bool:
-        """Whether enough rounds were pooled to serve as a prior."""
-        return self.rounds >= POOL_MIN_ROUNDS
-
-    def alpha(self, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> float:
-        """Pooled alpha_1, smoothed like `AcceptanceTracker.alphas`."""
-        return (self._accepted + prior_weight * prior_alpha) / (self.rounds + prior_weight)
-
-
-def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
+def goodputs(alphas: list[float], steps: list[float]) -> list[float]:
+    """[k-1]: expected tokens per second of a round drafting k, E[tokens | k] / steps[k-1]."""
     out, total, run = [], 1.0, 1.0
     for a, step in zip(alphas, steps, strict=True):
         run *= a
@@ -179,16 +59,44 @@ def _goodputs(alphas: list[float], steps: list[float]) -> list[float]:
     return out
 
 
+def best_k(alphas: list[float], steps: list[float], t_plain: float) -> int:
+    """The K of the best expected goodput, the smallest within NEAR_TIE of it; 0 unless it beats
+    plain decoding (one token in ``t_plain``) by NEAR_TIE."""
+    if not steps:
+        return 0
+    mean = goodputs(alphas, steps)
+    best = max(mean)
+    if best < _rate(1.0, t_plain) * (1.0 + NEAR_TIE):
+        return 0
+    return next(k for k, g in enumerate(mean, start=1) if g >= best * (1.0 - NEAR_TIE))
+
+
+def funded_k(top: int, steps: list[float], t_plain: float, funds: float) -> int:
+    """The longest probe up to ``top`` drafts whose round, should it emit one token, costs at most
+    ``funds`` more than a plain round (0: none yet). Probes spend what EXPLORE of the plain rounds
+    since the last probe earned: where rows are dear (AVX2: a second row costs 30% of a one-row
+    pass) they come rarely and short, where they are cheap (VNNI: 5%) as often as allowed; either
+    way probing costs at most EXPLORE of plain decoding's time."""
+    return next((k for k in range(min(top, len(steps)), 0, -1) if steps[k - 1] - t_plain <= funds), 0)
+
+
+def down_probe_due(cost: CostModel, plain: int) -> bool:
+    """Whether a round that would draft should run plainly instead, to re-measure plain decoding."""
+    if not cost.measured(plain):
+        return False  # the controllers run plain first while its cost is only a guess
+    every = DOWN_PROBE_EVERY_FEW if cost.timings(plain) < FEW_PLAIN_TIMINGS else DOWN_PROBE_EVERY
+    return cost.staleness(plain) >= every
+
+
 class GoodputController:
     """Chooses K in [0, k_max] for one request; call `choose_k`, then `record`, each round.
 
-    K > 0 is the best expected goodput (near-ties to the smaller K). Plain
-    decoding (K = 0) needs even optimistic alphas (mean + 1.5 sd) to lose, so a
-    bad-luck streak cannot park the request where only probes refresh the
-    estimates. At K = 0 it drafts `probe_k` once after `probe_interval` zero
-    rounds; a probe confirming K = 0 doubles the interval (up to
-    max_probe_interval), any win for speculation resets it, and a probe far
-    better than the window predicts (P < 1%) discards the stale window.
+    K > 0 is the best expected goodput (near-ties to the smaller K), when it beats
+    plain decoding by NEAR_TIE. At K = 0 it probes once `probe_interval` zero
+    rounds have passed and have paid for the probe (``funded_k``: EXPLORE of their
+    time); a probe that accepts nothing doubles the interval (up to
+    max_probe_interval), any win for speculation resets it, and probes far
+    better than the window predicts (together P < 1%) discard the stale window.
 
     With a `pool` (one per engine and drafter) the request starts from the
     pooled alpha_1 instead of a fixed prior, and feeds its rounds back. The
@@ -233,6 +141,13 @@ class GoodputController:
         self._zero_run = 0  # consecutive K = 0 rounds since the last probe
         self._probing = False  # the last choose_k returned a probe ...
         self._probe_seen = False  # ... and its outcome has been recorded
+        self._probe_hit = False  # ... and it accepted a draft
+        self._streak = 1.0  # P(the outcomes of the probes since the last that accepted nothing)
+
+    @property
+    def probing(self) -> bool:
+        """The last ``choose_k`` returned a probe (a round to measure, not one expected to pay)."""
+        return self._probing and not self._probe_seen
 
     def choose_k(
         self, cost: CostModel, other_tokens: int = 0, catch_up: int = 0, remaining: int | None = None
@@ -247,26 +162,29 @@ class GoodputController:
         """
         if other_tokens < 0:
             raise ValueError(f"other_tokens must be >= 0, got {other_tokens!r}")
-        k = self._best_k(cost, other_tokens)
-        if k > 0 and not self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=0.0):
+        if self.k_max == 0:
+            return 0
+        steps = self._step_times(cost, other_tokens)  # [k-1]: a round drafting k
+        t_plain = cost.forward_time(other_tokens + 1, optimistic=True)
+        k = best_k(self.tracker.alphas(), steps, t_plain)
+        if k > 0 and not self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=0.0):
             k = 0
-        if k > 0 and self._down_probe_due(cost, other_tokens + 1):
+        if k > 0 and down_probe_due(cost, other_tokens + 1):
             self.down_probes += 1
             self.last_k = 0
             return 0  # re-measure plain decoding (speculation goes on next round)
         if self._probing:
             self._probing = False
-            if k == 0 and self._probe_seen:  # the probe confirmed plain decoding: back off
+            if k == 0 and self._probe_seen and not self._probe_hit:  # the probe confirmed plain decoding: back off
                 self.interval = min(2 * self.interval, self.max_probe_interval)
         if k > 0:
             self.interval, self._zero_run = self.probe_interval, 0
-        elif self.k_max > 0 and self._zero_run >= self.interval:
+        elif self._zero_run >= self.interval and (k := self._funded_probe(cost, steps, t_plain)):
             self._zero_run = 0
-            k = self.probe_k or self._probe_size(cost, other_tokens)
             if (
                 cost.catch_up_timings(self.drafter) < FEW_CATCH_UPS
                 or cost.catch_up_staleness(self.drafter) >= CATCH_UP_RETRY
-                or self._worth_catching_up(cost, other_tokens, catch_up, remaining, k, z=OPTIMISM)
+                or self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=OPTIMISM)
             ):
                 self._probing, self._probe_seen = True, False
                 self.probes += 1
@@ -278,47 +196,19 @@ class GoodputController:
         self.last_k = k
         return k
 
-    @staticmethod
-    def _down_probe_due(cost: CostModel, plain: int) -> bool:
-        if not cost.measured(plain):
-            return False  # _best_k runs plain first while its cost is only a guess
-        every = DOWN_PROBE_EVERY_FEW if cost.timings(plain) < FEW_PLAIN_TIMINGS else DOWN_PROBE_EVERY
-        return cost.staleness(plain) >= every
-
     def _worth_catching_up(
-        self, cost: CostModel, other_tokens: int, catch_up: int, remaining: int | None, k: int, z: float
+        self, cost: CostModel, steps: list[float], t_plain: float, catch_up: int, remaining: int | None, k: int, z: float
     ) -> bool:
         """Whether drafting k now, after catching the drafter up on catch_up tokens, can pay off:
         the time speculation at this K saves over the remaining tokens exceeds the catch-up."""
         t_catch = cost.catch_up_time(self.drafter, catch_up)
-        if t_catch <= 0.0:
+        if t_catch <= 0.0 or remaining is None:
             return True
-        if remaining is None:
-            return True
-        plain_rate = _rate(1.0, cost.forward_time(other_tokens + 1, optimistic=True))
-        spec_rate = _goodputs(self.tracker.alphas(k, z=z), self._step_times(cost, other_tokens)[:k])[-1]
+        plain_rate = _rate(1.0, t_plain)
+        spec_rate = goodputs(self.tracker.alphas(k, z=z), steps[:k])[-1]
         if spec_rate <= plain_rate:
             return False
         return remaining * (1.0 / plain_rate - 1.0 / spec_rate) > t_catch
-
-    def _best_k(self, cost: CostModel, other_tokens: int) -> int:
-        if self.k_max == 0:
-            return 0
-        # 1. Expected goodput per K; unmeasured forward sizes priced optimistically.
-        plain = other_tokens + 1
-        bar = _rate(1.0, cost.forward_time(plain, optimistic=True)) * (1.0 + NEAR_TIE)
-        steps = self._step_times(cost, other_tokens)
-        mean = _goodputs(self.tracker.alphas(), steps)
-        best = max(mean)
-        if best >= bar:
-            return next(k for k, g in enumerate(mean, start=1) if g >= best * (1.0 - NEAR_TIE))
-        # 2. Plain decoding looks best; while its cost is only a guess, run it to measure it.
-        if not cost.measured(plain):
-            return 0
-        # 3. Deviation from a pure argmax: keep the best K while its optimistic alphas still win.
-        upper = _goodputs(self.tracker.alphas(z=OPTIMISM), steps)
-        k = mean.index(max(mean)) + 1
-        return k if upper[k - 1] >= bar else 0
 
     def record(self, k: int, accepted: int) -> None:
         """Outcome of the round: k drafts verified, the first `accepted` kept (k == 0: ignored)."""
@@ -327,17 +217,26 @@ class GoodputController:
         if self.pool is not None:
             self.pool.record(k, accepted)
         if self._probing and not self._probe_seen:
-            self._probe_seen = True
-            if self.tracker.prob_at_least(accepted) < SURPRISE:
-                # the window (and any pooled prior) predates a change: start again from the probe
+            self._probe_seen, self._probe_hit = True, accepted > 0
+            # Probes that keep accepting more than the window predicts (together less likely than
+            # SURPRISE: one long probe, or a few short ones where rows are dear) mean the window (and
+            # any pooled prior) predates a change: start again from the probe.
+            self._streak = self._streak * self.tracker.prob_at_least(accepted) if accepted else 1.0
+            if self._streak < SURPRISE:
                 self.tracker = AcceptanceTracker(self.k_max, window=self.tracker.window)
+                self._streak = 1.0
         self.tracker.record(k, accepted)
 
-    def _probe_size(self, cost: CostModel, other_tokens: int) -> int:
-        """K that is best at the prior alpha (pooled, else the neutral one), at least 1."""
-        alphas = [self.tracker.prior_alpha] * self.k_max  # an empty window's alphas
-        goodputs = _goodputs(alphas, self._step_times(cost, other_tokens))
-        return goodputs.index(max(goodputs)) + 1
+    def _funded_probe(self, cost: CostModel, steps: list[float], t_plain: float) -> int:
+        """The probe (``funded_k``) that the plain rounds since the last one paid for, at most ``probe_k``
+        or the K best at the prior (pooled, else the neutral one); 0: none yet. Its catch-up is weighed
+        apart (``choose_k``)."""
+        if self.probe_k:
+            top = self.probe_k
+        else:
+            rates = goodputs([self.tracker.prior_alpha] * self.k_max, steps)  # an empty window's alphas
+            top = rates.index(max(rates)) + 1
+        return funded_k(top, steps, t_plain, EXPLORE * self._zero_run * t_plain)
 
     def _step_times(self, cost: CostModel, other_tokens: int) -> list[float]:
         """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic; the

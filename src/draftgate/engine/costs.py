@@ -89,12 +89,14 @@ class CostModel:
         self._prefix_min: list[float] | None = None  # [i]: min time of keys[:i+1]; lazy
         self._slope: float | None = None  # fitted b; lazy
         self._draft: dict[str, dict[int, deque[float]]] = {}  # drafter -> k -> last `window` seconds
+        self._draft_med: dict[str, dict[int, float]] = {}  # drafter -> k -> median of _draft[drafter][k]
         self._draft_fit: dict[str, tuple[float, float]] = {}  # drafter -> (overhead, per-token); lazy
         self._forwards = 0  # forward observations so far
         self._last_seen: dict[int, int] = {}  # bucket -> value of _forwards when it was last observed
         self._catch_up: dict[str, deque[tuple[float, int]]] = {}  # drafter -> last `window` (seconds a token, tokens)
         self._catch_up_seen: dict[str, int] = {}  # drafter -> value of _forwards at its last catch-up timing
         self._branch: dict[str, deque[int]] = {}  # drafter -> extra rows of its last BRANCH_WINDOW drafted rounds
+        self._branch_mean: dict[str, float] = {}  # drafter -> mean of _branch[drafter]
 
     def observe_forward(self, num_tokens: int, seconds: float) -> None:
         """One target forward over num_tokens tokens in total (all sequences) took seconds."""
@@ -174,6 +176,7 @@ class CostModel:
         if obs is None:
             obs = per_k[num_tokens] = deque(maxlen=self._window)
         obs.append(seconds)
+        self._draft_med.setdefault(drafter, {})[num_tokens] = statistics.median(obs)
         self._draft_fit.pop(drafter, None)
 
     def observe_catch_up(self, drafter: str, num_tokens: int, seconds: float) -> None:
@@ -231,11 +234,11 @@ class CostModel:
         if obs is None:
             obs = self._branch[drafter] = deque(maxlen=BRANCH_WINDOW)
         obs.append(extra_rows)
+        self._branch_mean[drafter] = sum(obs) / len(obs)
 
     def branch_rows(self, drafter: str) -> float:
         """Mean extra rows a drafted round of drafter adds to the forward (0 before any observation)."""
-        obs = self._branch.get(drafter)
-        return sum(obs) / len(obs) if obs else 0.0
+        return self._branch_mean.get(drafter, 0.0)
 
     def round_forward_time(self, drafter: str, n: int) -> float:
         """Expected seconds of the forward of a round whose sequences put n rows in it, one of them
@@ -260,9 +263,9 @@ class CostModel:
         per_k = self._draft.get(drafter)
         if k <= 0 or not per_k:
             return 0.0
-        obs = per_k.get(k)
-        if obs is not None:
-            return statistics.median(obs)
+        med = self._draft_med[drafter].get(k)
+        if med is not None:
+            return med
         fit = self._draft_fit.get(drafter)
         if fit is None:
             fit = self._draft_fit[drafter] = self._fit_draft(per_k)

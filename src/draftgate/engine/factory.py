@@ -53,7 +53,7 @@ def _eagle(cfg: EngineConfig, target: LoadedModel) -> Drafter:
     head = load_head(cfg.draft_head, target)
     if _runs_native(cfg, target):
         # The head's products on the target's own pool, in bfloat16 (measured: docs/BENCHMARKS.md).
-        head.use_native(load_library(cfg.cache_dir or default_cache_dir()))
+        head.use_native(load_library(cfg.cache_dir or default_cache_dir(), cfg.kernel_level))
     return EagleDrafter(head, min_branch=cfg.draft_branch or None)
 
 
@@ -153,6 +153,7 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
         enable_prefix_cache=cfg.enable_prefix_cache,
         kernels=cfg.kernels,
         build_dir=cfg.cache_dir,
+        level=cfg.kernel_level,
     )
     if runner.kernels is Kernels.TORCH and cfg.drafter != DrafterKind.NONE:
         # Measured (docs/BENCHMARKS.md): PyTorch's CPU kernels round a 2-row pass differently

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from draftgate.drafters.base import FeatureReader, SparseQ
-from draftgate.engine.target import NotNow, RoundDone, RoundWork, TargetInfo, check_prompt
+from draftgate.engine.round import Round
+from draftgate.engine.target import NotNow, TargetInfo, check_prompt
 from draftgate.errors import BadRequestError
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -69,81 +70,79 @@ class LocalTarget:
                 "lower max_tokens or start the engine with more --kv-blocks"
             )
 
-    def open(self, work: RoundWork, k_max: int) -> RoundDone:
-        prompt = list(work.history)
-        need = self._blocks_for(len(prompt) + work.params.max_new_tokens + k_max + 1)
+    def open(self, rnd: Round) -> None:
+        prompt = list(rnd.history)
+        need = self._blocks_for(len(prompt) + rnd.params.max_new_tokens + rnd.k_max + 1)
         if self._reserved_total + need > self.runner.kv.num_blocks:
             raise NotNow("waiting for running requests to free KV blocks")
         try:
             if self.tap is None:
-                logits = self.runner.prefill(work.seq_id, prompt)[None]  # [1, V]
+                logits = self.runner.prefill(rnd.seq_id, prompt)[None]  # [1, V]
             else:
-                last, start, feats = self.runner.prefill_features(work.seq_id, prompt, self.tap.feature_layers)
+                last, start, feats = self.runner.prefill_features(rnd.seq_id, prompt, self.tap.feature_layers)
                 logits = last[None]  # [1, V]
-                self._feed(work.seq_id, start, feats)
+                self._feed(rnd.seq_id, start, feats)
             if not bool(torch.isfinite(logits).all()):
-                self.runner.free(work.seq_id)
-                return RoundDone([], 0, error=NON_FINITE)
-            first = first_token(logits, work.params, work.uniforms)
+                self.runner.free(rnd.seq_id)
+                rnd.fail(NON_FINITE)
+                return
+            first = first_token(logits, rnd.params, rnd.uniforms)
         except Exception as e:  # a failed prefill fails this sequence only (prefill freed its KV)
-            self.runner.free(work.seq_id)
-            return RoundDone([], 0, error=f"{type(e).__name__}: {e}")
-        self._reserved[work.seq_id] = need
+            self.runner.free(rnd.seq_id)
+            rnd.fail(f"{type(e).__name__}: {e}")
+            return
+        self._reserved[rnd.seq_id] = need
         self._reserved_total += need
-        return RoundDone([first], 0)
+        rnd.done([first])
 
-    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
+    def run(self, rounds: Sequence[Round]) -> None:
         # 1. Each one-hot draft tree (Draft.tree) runs in the same forward, where spare KV blocks allow.
-        trees = self._trees(work)
+        trees = self._trees(rounds)
         # 2. One batched forward over [pending, drafts..., tree nodes...] per sequence.
-        items = [
-            ForwardItem(w.seq_id, [w.history[-1], *w.draft.token_ids, *(t for _, t in tree)],
-                        len(w.draft.token_ids) + 1 + len(tree),
-                        parents=[-1, *range(len(w.draft.token_ids)), *(p for p, _ in tree)] if tree else None)
-            for w, tree in zip(work, trees, strict=True)
-        ]  # fmt: skip
+        items = [_forward_item(r, tree) for r, tree in zip(rounds, trees, strict=True)]
         # logits [sum of rows, V], argmax (-1: not finite), and the tap's features when one reads them
-        out = self.runner.forward_flat(items) if self.tap is None else self.runner.forward_flat(items, self.tap.feature_layers)
+        layers = self.tap.feature_layers if self.tap is not None else None
+        out = self.runner.forward_flat(items) if layers is None else self.runner.forward_flat(items, layers)
         # A sequence whose logits hold a NaN or an inf ends with an error; the others are verified.
         bounds, start = [], 0
         for it in items:
             bounds.append((start, start + it.num_logits))
             start += it.num_logits
-        ok = [i for i, (a, b) in enumerate(bounds) if not bool((out.argmax[a:b] < 0).any())]
-        verified: dict[int, tuple[list[int], list[int]]] = {}  # work index -> (emitted, accepted path)
+        ok = list(range(len(rounds)))
+        logits, argmax = out.logits, out.argmax
+        if bool((argmax < 0).any()):  # the good sequences' rows only
+            ok = [i for i, (a, b) in enumerate(bounds) if not bool((argmax[a:b] < 0).any())]
+            rows = torch.cat([torch.arange(*bounds[i]) for i in ok]) if ok else torch.empty(0, dtype=torch.int64)
+            logits, argmax = logits[rows], argmax[rows]
         if ok:
-            rows = torch.cat([torch.arange(*bounds[i]) for i in ok])  # the good sequences' rows
-            logits, argmax = (out.logits, out.argmax) if len(ok) == len(work) else (out.logits[rows], out.argmax[rows])
             # 3. Verify the whole round in one call.
-            outcome = verify_round(logits, [_round_draft(work[i], trees[i]) for i in ok], argmax)
-            verified = dict(zip(ok, zip(outcome.emitted, outcome.paths, strict=True), strict=True))
-        done: list[RoundDone] = [RoundDone([], 0, error=NON_FINITE) for _ in work]
-        for i, w in enumerate(work):
-            if i not in verified:
-                self.runner.truncate(w.seq_id, len(w.history) - 1)  # its round's KV is garbage
-                continue
-            e, path = verified[i]
-            # 4. Roll back to the accepted path: KV keeps the pending token + accepted drafts, in place.
-            self.runner.keep_path(w.seq_id, len(w.history) - 1, [0, *path])
-            done[i] = RoundDone(e, len(path), branch_rows=len(trees[i]))
-            if out.features is not None:  # committed: the pending token and the accepted drafts
-                b0 = bounds[i][0]
-                self._feed(w.seq_id, len(w.history) - 1, out.features[[b0 + r for r in (0, *path)]])
-        return done
+            outcome = verify_round(logits, [_round_draft(rounds[i], trees[i]) for i in ok], argmax)
+            for i, emitted, path in zip(ok, outcome.emitted, outcome.paths, strict=True):
+                r = rounds[i]
+                # 4. Roll back to the accepted path: KV keeps the pending token + accepted drafts, in place.
+                self.runner.keep_path(r.seq_id, len(r.history) - 1, [0, *path])
+                r.done(emitted, len(path), branch_rows=len(trees[i]))
+                if out.features is not None:  # committed: the pending token and the accepted drafts
+                    b0, chain = bounds[i][0], path == list(range(1, len(path) + 1))
+                    rows_kept = slice(b0, b0 + 1 + len(path)) if chain else [b0 + j for j in (0, *path)]
+                    self._feed(r.seq_id, len(r.history) - 1, out.features[rows_kept])
+        for i in set(range(len(rounds))) - set(ok):
+            self.runner.truncate(rounds[i].seq_id, len(rounds[i].history) - 1)  # its round's KV is garbage
+            rounds[i].fail(NON_FINITE)
 
-    def _trees(self, work: Sequence[RoundWork]) -> list[tuple[tuple[int, int], ...]]:
+    def _trees(self, rounds: Sequence[Round]) -> list[tuple[tuple[int, int], ...]]:
         """Each sequence's draft tree nodes this round: its draft's, where the cache has the blocks to spare.
 
         A tree's nodes take KV slots for the round only (``keep_path`` keeps one path); without the
         blocks a tree is skipped and the round verifies its chain, as a target without trees would.
         """
         kv = self.runner.kv
-        need = [kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1) for w in work]
+        need = [kv.blocks_needed(r.seq_id, len(r.draft.token_ids) + 1) for r in rounds]
         spare = kv.num_available_blocks - sum(need)
         trees: list[tuple[tuple[int, int], ...]] = []
-        for w, n in zip(work, need, strict=True):
-            tree = w.draft.tree if w.draft.q is None else ()
-            more = kv.blocks_needed(w.seq_id, len(w.draft.token_ids) + 1 + len(tree)) - n if tree else 0
+        for r, n in zip(rounds, need, strict=True):
+            tree = r.draft.tree if r.draft.q is None else ()
+            more = kv.blocks_needed(r.seq_id, len(r.draft.token_ids) + 1 + len(tree)) - n if tree else 0
             if more > spare:
                 tree, more = (), 0
             spare -= more
@@ -172,8 +171,15 @@ class LocalTarget:
         pass  # the runner's memory goes with it
 
 
-def _round_draft(w: RoundWork, tree: tuple[tuple[int, int], ...]) -> RoundDraft:
-    """What verify_round needs of ``w``'s draft, with the tree nodes this round runs."""
-    d, p = w.draft, w.params
+def _forward_item(r: Round, tree: tuple[tuple[int, int], ...]) -> ForwardItem:
+    """The round's rows for the forward: [pending token, drafts..., tree nodes...], one logit row each."""
+    drafts = r.draft.token_ids
+    parents = [-1, *range(len(drafts)), *(p for p, _ in tree)] if tree else None
+    return ForwardItem(r.seq_id, [r.history[-1], *drafts, *(t for _, t in tree)], len(drafts) + 1 + len(tree), parents=parents)
+
+
+def _round_draft(r: Round, tree: tuple[tuple[int, int], ...]) -> RoundDraft:
+    """What verify_round needs of ``r``'s draft, with the tree nodes this round runs."""
+    d, p = r.draft, r.params
     q = (d.q.ids, d.q.probs) if isinstance(d.q, SparseQ) else d.q
-    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, w.uniforms, q, tree)
+    return RoundDraft(d.token_ids, p.temperature, p.top_k, p.top_p, r.uniforms, q, tree)

@@ -18,7 +18,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from draftgate.engine.target import RoundDone, RoundWork, TargetInfo
+from draftgate.engine.round import Round
+from draftgate.engine.target import TargetInfo
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 from draftgate.verify import RoundDraft, verify_round
@@ -54,13 +55,15 @@ class ScoredTarget:
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
         self.scorer.check(prompt_ids, params, k_max)
 
-    def open(self, work: RoundWork, k_max: int) -> RoundDone:
-        return self._round(work)  # no session to open: the first token is a round without drafts
+    def open(self, rnd: Round) -> None:
+        self._round(rnd)  # no session to open: the first token is a round without drafts
 
-    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        if len(work) <= 1:
-            return [self._round(w) for w in work]
-        return list(self._executor().map(self._round, work))
+    def run(self, rounds: Sequence[Round]) -> None:
+        if len(rounds) <= 1:
+            for r in rounds:
+                self._round(r)
+            return
+        list(self._executor().map(self._round, rounds))
 
     def close(self, seq_id: int) -> None:
         pass  # nothing of ours is held by the scorer
@@ -80,17 +83,17 @@ class ScoredTarget:
                 self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-score")
             return self._pool
 
-    def _round(self, w: RoundWork) -> RoundDone:
-        """Score w's drafts, verify them here (an error ends this sequence only)."""
-        p = w.params
+    def _round(self, r: Round) -> None:
+        """Score r's drafts, verify them here (an error ends this sequence only)."""
+        p = r.params
         try:
-            drafts, logits = self.scorer.score(w.history, list(w.draft.token_ids), p)  # [k+1, V]
+            drafts, logits = self.scorer.score(r.history, list(r.draft.token_ids), p)  # [k+1, V]
         except Exception as e:
-            return RoundDone([], 0, error=f"target {self.info.kind}: {type(e).__name__}: {e}")
-        u = w.uniforms[: len(drafts) + 1] if w.uniforms is not None else None  # [k+1, 2]
+            r.fail(f"target {self.info.kind}: {type(e).__name__}: {e}")
+            return
+        u = r.uniforms[: len(drafts) + 1] if r.uniforms is not None else None  # [k+1, 2]
         out = verify_round(logits, [RoundDraft(drafts, p.temperature, p.top_k, p.top_p, u)])
-        approximate = p.temperature > 0 and not self.info.exact_sampling
-        return RoundDone(out.emitted[0], out.accepted[0], approximate=approximate)
+        r.done(out.emitted[0], out.accepted[0], approximate=p.temperature > 0 and not self.info.exact_sampling)
 
 
 def verify_choices(drafts: Sequence[int], choices: Sequence[int], after: int | None, vocab_size: int) -> tuple[list[int], int]:

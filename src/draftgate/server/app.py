@@ -24,12 +24,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
-from draftgate.engine import Chunk
+from draftgate.engine import Chunk, ChunkStream
 from draftgate.errors import BadRequestError
 from draftgate.models.tokenizer import Message
 from draftgate.server.api_errors import APIError, install_error_handlers
 from draftgate.server.auth import AuthConfig, require_client
-from draftgate.server.generation import Job, RequestStream, collect, open_stream, sse_events
+from draftgate.server.generation import Job, collect, open_stream, sse_events
 from draftgate.server.metrics import ServerMetrics
 from draftgate.server.ops.admin import admin_router
 from draftgate.server.ops.metrics import install_ops_metrics
@@ -57,8 +57,7 @@ def create_app(routes: RouteTable, auth: AuthConfig, ops_config: OpsConfig | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        routes.start()  # the back ends' owner (the CLI, a test) shuts them down
-        yield
+        yield  # the back ends start with their first request; their owner (the CLI, a test) shuts them down
         ops.close()
 
     app = FastAPI(title="draftgate", summary="Lossless speculative decoding gateway", lifespan=lifespan)
@@ -165,7 +164,7 @@ def _report(ops: Ops, job: Job, c: Chunk) -> None:
         log.exception("ops hook failed on route %s", job.route.name)
 
 
-async def _collect_unless_gone(request: Request, job: Job, stream: RequestStream) -> Response:
+async def _collect_unless_gone(request: Request, job: Job, stream: ChunkStream) -> Response:
     """A non-streamed answer; if the client hangs up first, the request is cancelled (KV freed)."""
     work = asyncio.ensure_future(collect(job, stream))
     gone = asyncio.ensure_future(_disconnected(request))

@@ -8,12 +8,11 @@ back-end request in a ``finally``; the engine then frees its KV blocks.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftgate.engine import Chunk
+from draftgate.engine import Chunk, ChunkStream
 from draftgate.errors import BadRequestError, CapacityError
 from draftgate.server.api_errors import APIError
 from draftgate.server.metrics import RequestTrace
@@ -21,45 +20,19 @@ from draftgate.server.render import SSE_DONE, Format, speculative_json, sse
 from draftgate.server.routes import Route
 from draftgate.types import SamplingParams
 
-__all__ = ["Job", "RequestStream", "open_stream", "collect", "sse_events", "RETRY_AFTER_S"]
+__all__ = ["Job", "open_stream", "collect", "sse_events", "RETRY_AFTER_S"]
 
 RETRY_AFTER_S = 1
 
 
-class RequestStream:
-    """Chunks of one submitted request, handed from the engine thread to the event loop."""
-
-    def __init__(self, queue: asyncio.Queue[Chunk], cancel: Callable[[], None]) -> None:
-        self._queue = queue
-        self._cancel = cancel
-
-    async def next(self) -> Chunk:
-        return await self._queue.get()
-
-    def cancel(self) -> None:
-        """Idempotent; after the request finished it does nothing."""
-        self._cancel()
-
-
-def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams, speculate: bool = True) -> RequestStream:
+def open_stream(route: Route, prompt_ids: list[int], params: SamplingParams, speculate: bool = True) -> ChunkStream:
     """Submit; ``speculate=False`` asks for plain decoding (a canary's control arm, a lossless re-run)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Chunk] = asyncio.Queue()
-
-    def sink(c: Chunk) -> None:  # runs on the engine thread
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, c)
-        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
-            pass
-
     try:
-        cancel = route.engine.submit(prompt_ids, params, sink, speculate=speculate)
+        return route.engine.stream(prompt_ids, params, speculate)
     except CapacityError as e:
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except (BadRequestError, ValueError) as e:
         raise APIError(400, str(e), code="invalid_value") from None
-    route.engine.start()
-    return RequestStream(queue, cancel)
 
 
 @dataclass
@@ -89,7 +62,7 @@ def _failure(c: Chunk) -> APIError:
     return APIError(500, f"generation failed: {c.error or 'unknown error'}", code="engine_error")
 
 
-async def collect(job: Job, stream: RequestStream) -> dict[str, Any]:
+async def collect(job: Job, stream: ChunkStream) -> dict[str, Any]:
     """Run to the end; the full OpenAI body, or an APIError 500 if the back end failed."""
     parts: list[str] = []
     n = 0
@@ -116,7 +89,7 @@ async def collect(job: Job, stream: RequestStream) -> dict[str, Any]:
     return job.fmt.response("".join(parts), c.finish_reason, len(job.prompt_ids), n, job.spec(c))
 
 
-async def sse_events(job: Job, stream: RequestStream) -> AsyncIterator[str]:
+async def sse_events(job: Job, stream: ChunkStream) -> AsyncIterator[str]:
     """OpenAI's stream: chunks, a final chunk with finish_reason (+ speculative), usage, [DONE]."""
     fmt, n, finished = job.fmt, 0, False
     try:

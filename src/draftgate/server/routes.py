@@ -1,66 +1,21 @@
 """The route table: exposed model name -> a back end and its speculation switch.
 
-A back end is anything with the ``Backend`` shape; the in-process ``Engine``
-has it. Back end addresses come only from the server's configuration (the
+A back end is a ``draftgate.engine.Backend``: the ``Engine`` over any round target, or
+``VllmPluginBackend``. Back end addresses come only from the server's configuration (the
 routes file or flags), never from a request.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from draftgate.drafters.base import Drafter
-from draftgate.engine import Chunk, CostModel
-from draftgate.models.tokenizer import Message
-from draftgate.types import SamplingParams
+from draftgate.engine import Backend
 
 __all__ = ["Backend", "Route", "RouteTable", "ROUTE_NAME_RE"]
 
 ROUTE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-
-
-class Backend(Protocol):
-    """What the gateway needs from a generation back end: ``draftgate.engine.Engine`` over any
-    round target (embedded, gRPC workers, an OpenAI-compatible server), or
-    ``VllmPluginBackend`` (a vLLM that drafts and verifies with DraftGate's proposer)."""
-
-    speculation_enabled: bool
-
-    @property
-    def k(self) -> int | None: ...  # None: adaptive
-
-    @property
-    def k_max(self) -> int: ...
-
-    @property
-    def cost(self) -> CostModel: ...  # measured forward and draft costs (for shadow predictions)
-
-    @property
-    def drafter(self) -> Drafter | None: ...
-
-    @property
-    def max_context(self) -> int | None: ...
-
-    @property
-    def num_running(self) -> int: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]: ...
-
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[Chunk], None], speculate: bool = True
-    ) -> Callable[[], None]: ...
-
-    def start(self) -> object: ...
-
-    def shutdown(self) -> None: ...
-
-    def kv_stats(self) -> dict[str, int]: ...
 
 
 @dataclass
@@ -137,10 +92,6 @@ class RouteTable:
         for r in self:
             seen.setdefault(id(r.engine), r.engine)
         return list(seen.values())
-
-    def start(self) -> None:
-        for e in self._engines():
-            e.start()
 
     def close(self) -> None:
         """Stop every back end (the owner of the table calls this once, after serving)."""

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from draftgate.engine.backend import Chunk
 from draftgate.engine.engine import Engine
-from draftgate.engine.frontend import Chunk
 from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
@@ -140,7 +140,6 @@ def build_corpus(
         params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         for i, ids in prompts:
             engine.submit(ids, params, sink_for(i), speculate=False)
-        engine.start()
         try:
             for _ in tqdm(prompts, desc="target continuations", unit="prompt", disable=not progress):
                 done.acquire()

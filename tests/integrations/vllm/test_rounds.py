@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
-from draftgate.integrations.vllm.rounds import Control, ProposerCore, Row
+from draftgate.integrations.vllm.rounds import ProposerCore, Row
 from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings
 
 # The target's greedy text: a repeated phrase, so lookup drafts pay.
@@ -105,10 +105,21 @@ def test_failing_drafter_proposes_nothing_and_never_raises() -> None:
 
 
 def test_draft_never_runs_past_the_context() -> None:
+    """A context two tokens short of vLLM's limit: one draft fits (the bonus token takes the last place)."""
     core = _core(k=4, max_model_len=len(TEXT[:17]) + 2)
     (d,) = core.step([Row("a", TEXT[:17], 1)])
-    assert len(d) <= 1
+    assert d == TEXT[17:18]  # the repeated text has its next token to draft: exactly the one that fits
+    core = _core(k=4, max_model_len=len(TEXT[:17]) + 1)
+    assert core.step([Row("a", TEXT[:17], 1)]) == [[]]  # at the limit: nothing
 
 
-def test_control_default() -> None:
-    assert Control().enabled
+def test_adaptive_k_prices_lookup_drafts_by_their_evidence() -> None:
+    """Adaptive K: the suffix drafter offers every draft it has and the policy keeps what its evidence
+    pays for; repeated text is accepted whole, so drafts grow to k_max and every drafted token is kept."""
+    core = _core()
+    drafted = _decode(core, {"a": None})
+    lens = [len(d) for d in drafted["a"]]
+    assert max(lens) == 4
+    s = core.stats["suffix"]
+    assert s.accepted == s.drafted > 0
+    assert core.policies[DrafterName.SUFFIX].num_requests == 0  # released with the request

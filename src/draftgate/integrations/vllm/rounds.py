@@ -4,15 +4,17 @@ vLLM's ``custom_class`` method calls the proposer once per engine step, after th
 forward, with the batch's rows: each request's full history (prompt + output, this step's
 tokens included) and how many tokens it sampled this step. vLLM then verifies the drafts
 returned in the next step with its own rejection sampler (one-hot q: exact for greedy and
-sampled requests alike). `ProposerCore.step` does, per call:
+sampled requests alike). K and pricing are the engine's one speculation policy
+(``engine.policy``, one per drafter, sharing one ``CostModel``); `ProposerCore.step` does, per call:
 
 1. release the requests that left the batch (the suffix store keeps their output);
-2. score the last round of each request still here (drafted k, accepted = sampled - 1) for
-   its drafter and its goodput controller, and price the step just run: a steady decode step
-   (every row decoding, as in the step before) times a forward of that many tokens;
-3. choose K per row: 0 where the deployment's switch or the request's option is off, a fixed
-   K where one is set, else the request's goodput controller (engine.controller, K down to 0);
-4. draft, one batched call per drafter, each call timed for its drafter's price.
+2. teach the policy the last round of each request still here (drafted k, accepted = sampled
+   - 1), and price the step just run: a steady decode step (every row decoding, as in the step
+   before) times a forward of that many tokens;
+3. plan each row's round (the policy: 0 where the deployment's switch or the request's option
+   is off, a fixed K where one is set, else its goodput controller, or every draft a lookup has);
+4. draft, one batched call per drafter, each call timed for its drafter's price, and cut each
+   lookup draft to what its evidence pays for.
 """
 
 from __future__ import annotations
@@ -20,25 +22,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from draftgate.drafters.base import Drafter, DraftRequest
-from draftgate.engine.controller import AcceptancePool, GoodputController
+from draftgate.drafters.base import Draft, Drafter, DraftRequest
 from draftgate.engine.costs import CostModel
+from draftgate.engine.policy import SpeculationPolicy
+from draftgate.engine.round import Round
 from draftgate.integrations.vllm.settings import (
     DrafterName,
     ProposerSettings,
     RequestOptions,
     SettingsError,
 )
-from draftgate.types import SamplingParams
+from draftgate.types import MAX_NEW_TOKENS_LIMIT, SamplingParams
 
 __all__ = ["Control", "DrafterStats", "ProposerCore", "Row"]
 
 log = logging.getLogger("draftgate.integrations.vllm")
 
-_GREEDY = SamplingParams()  # drafts are one-hot: vLLM verifies them against its own sampling
+# Drafts are one-hot (vLLM verifies them against its own sampling); vLLM ends requests, not the proposer.
+_GREEDY = SamplingParams(max_new_tokens=MAX_NEW_TOKENS_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,24 @@ class DrafterStats:
 
 
 @dataclass
-class _Req:
+class _Seq:
+    """What a round reads of a vLLM request (``engine.round.SequenceView``): greedy, one-hot drafts."""
+
     seq_id: int
+    history: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # vLLM keeps the output: the history is all the proposer sees
+    params: SamplingParams = _GREEDY
+    rand: Any = None  # never read: drafts are one-hot, verified by vLLM
+
+    def append(self, tokens: Sequence[int]) -> list[int]:
+        raise AssertionError("vLLM emits the tokens; the proposer never appends")
+
+
+@dataclass
+class _Req:
+    seq: _Seq
     drafter: DrafterName
-    options: RequestOptions
-    controller: GoodputController | None
-    drafted: int = 0  # drafts handed to vLLM last step
+    last: Round | None = None  # the round whose drafts went to vLLM last step (its outcome comes next step)
     bad: bool = False  # invalid options: no drafts for this request
 
 
@@ -88,7 +104,7 @@ class _Step:
 
 
 class ProposerCore:
-    """Drafts for each vLLM step, from DraftGate's drafters under the goodput controller."""
+    """Drafts for each vLLM step, from DraftGate's drafters under the engine's speculation policy."""
 
     def __init__(
         self,
@@ -102,10 +118,12 @@ class ProposerCore:
         self.settings, self.drafters = settings, dict(drafters)
         self.control = control or Control()
         self.cost = CostModel()
+        self.policies = {
+            name: SpeculationPolicy(d, settings.k, settings.k_max, cost=self.cost) for name, d in self.drafters.items()
+        }
         self.stats: dict[str, DrafterStats] = {d.value: DrafterStats() for d in self.drafters}
         self.requests_off = 0  # requests that asked for no speculation
         self.bad_requests = 0  # requests whose options were invalid
-        self._pools = {d: AcceptancePool(settings.k_max) for d in self.drafters}
         self._reqs: dict[str, _Req] = {}
         self._next_seq = 1
         self._last = _Step()
@@ -131,29 +149,26 @@ class ProposerCore:
         if rows and decoding == self._last.rows and len(decoding) == len(rows):
             self.cost.observe_forward(self._last.tokens, now - self._last.end)
         reqs = [self._admit(r) for r in rows]
-        for r, q in zip(rows, reqs, strict=True):
-            if q.drafted and r.sampled > 0:
-                self._score(r, q)
-        # 3. K per row.
-        ks = self._choose_ks(rows, reqs)
-        # 4. Drafts, one call per drafter.
-        drafts: list[list[int]] = [[] for _ in rows]
-        for name in {q.drafter for q, k in zip(reqs, ks, strict=True) if k > 0}:
-            idx = [i for i, (q, k) in enumerate(zip(reqs, ks, strict=True)) if k > 0 and q.drafter is name]
-            for i, d in zip(idx, self._draft(name, [rows[i] for i in idx], [reqs[i] for i in idx], [ks[i] for i in idx]), strict=True):
-                drafts[i] = d
-        for q, d in zip(reqs, drafts, strict=True):
-            q.drafted = len(d)
+        for name in self.drafters:
+            self._learn(name, [(r, q) for r, q in zip(rows, reqs, strict=True) if q.drafter is name])
+        # 3-4. This step's rounds, planned, drafted and priced per drafter.
+        rounds = [self._round(r, q) for r, q in zip(rows, reqs, strict=True)]
+        for name in {q.drafter for q in reqs}:
+            mine = [rnd for rnd, q in zip(rounds, reqs, strict=True) if q.drafter is name]
+            self._draft(name, mine)
+        for q, rnd in zip(reqs, rounds, strict=True):
+            q.last = rnd if rnd.draft.token_ids else None
+        drafts = [list(rnd.draft.token_ids) for rnd in rounds]
         self._last = _Step(decoding, sum(1 + len(d) for d in drafts), self._clock())
         return drafts
 
     def _admit(self, r: Row) -> _Req:
         q = self._reqs.get(r.req_id)
         if q is not None:
+            q.seq.history = list(r.tokens)
             return q
-        k_max = self.settings.k_max
         try:
-            opts = RequestOptions.parse(r.extra_args, k_max)
+            opts = RequestOptions.parse(r.extra_args, self.settings.k_max)
             if opts.drafter is not None and opts.drafter not in self.drafters:
                 raise SettingsError(f"draftgate_drafter {opts.drafter.value!r} is not configured on this deployment")
             bad = False
@@ -164,44 +179,42 @@ class ProposerCore:
         if not opts.speculate and not bad:
             self.requests_off += 1
         name = opts.drafter or self.settings.drafter
-        fixed = opts.k if opts.k is not None else self.settings.k
-        ctl = None if fixed is not None else GoodputController(k_max, name.value, pool=self._pools[name])
-        q = self._reqs[r.req_id] = _Req(self._next_seq, name, opts, ctl, bad=bad)
+        q = self._reqs[r.req_id] = _Req(_Seq(self._next_seq, list(r.tokens)), name, bad=bad)
         self._next_seq += 1
+        self.policies[name].open(q.seq.seq_id, _GREEDY, opts.speculate and not bad, k=opts.k)
         return q
 
-    def _score(self, r: Row, q: _Req) -> None:
-        accepted = max(0, min(r.sampled - 1, q.drafted))
-        s = self.stats[q.drafter.value]
-        s.rounds += 1
-        s.drafted += q.drafted
-        s.accepted += accepted
-        if q.controller is not None:
-            q.controller.record(q.drafted, accepted)
-        try:
-            self.drafters[q.drafter].observe(q.seq_id, r.tokens, q.drafted, accepted)
-        except Exception as e:  # bookkeeping: it must not end anyone's request
-            log.warning("drafter %s observe failed: %s: %s", q.drafter.value, type(e).__name__, e)
+    def _learn(self, name: DrafterName, done: Sequence[tuple[Row, _Req]]) -> None:
+        """The rounds vLLM verified last step, to the drafter's policy and stats (accepted = sampled - 1)."""
+        rounds = []
+        for r, q in done:
+            rnd, q.last = q.last, None
+            if rnd is None or r.sampled <= 0:
+                continue
+            rnd.accepted = max(0, min(r.sampled - 1, rnd.drafted))
+            rnd.emitted = rnd.kept = list(r.tokens[len(rnd.history) :])  # what vLLM emitted after the drafts
+            rounds.append(rnd)
+            s = self.stats[name.value]
+            s.rounds += 1
+            s.drafted += rnd.drafted
+            s.accepted += rnd.accepted
+        self.policies[name].update(rounds, price_forward=False)
 
-    def _choose_ks(self, rows: Sequence[Row], reqs: Sequence[_Req]) -> list[int]:
-        on = self.control.enabled
-        ks, other = [], len(rows) - 1  # other rows' tokens in the same forward, drafts added as chosen
-        for r, q in zip(rows, reqs, strict=True):
-            if not on or q.bad or not q.options.speculate or r.sampled == 0:
-                k = 0
-            elif q.controller is None:
-                k = q.options.k if q.options.k is not None else (self.settings.k or 0)
-            else:
-                k = q.controller.choose_k(self.cost, other)
-            if self.settings.max_model_len is not None:  # vLLM drops drafts past the context anyway
-                k = max(0, min(k, self.settings.max_model_len - len(r.tokens) - 1))
-            ks.append(k)
-            other += k
-        return ks
+    def _round(self, r: Row, q: _Req) -> Round:
+        """The row's round, planned later per drafter: no drafts where the switch is off or after a prefill chunk."""
+        k_max = self.settings.k_max if self.control.enabled and r.sampled > 0 and not q.bad else 0
+        if self.settings.max_model_len is not None:  # vLLM drops drafts past the context anyway
+            k_max = max(0, min(k_max, self.settings.max_model_len - len(r.tokens) - 1))
+        return Round(_Seq(q.seq.seq_id, list(r.tokens)), k_max)
 
-    def _draft(self, name: DrafterName, rows: Sequence[Row], reqs: Sequence[_Req], ks: Sequence[int]) -> list[list[int]]:
-        s = self.stats[name.value]
-        requests = [DraftRequest(q.seq_id, r.tokens, k, _GREEDY) for r, q, k in zip(rows, reqs, ks, strict=True)]
+    def _draft(self, name: DrafterName, rounds: list[Round]) -> None:
+        """Plan, draft (one timed call) and price this drafter's rounds."""
+        policy, s = self.policies[name], self.stats[name.value]
+        policy.plan(rounds)
+        asked = [r for r in rounds if r.k]
+        if not asked:
+            return
+        requests = [DraftRequest(r.seq_id, r.history, r.k, _GREEDY) for r in asked]
         t0 = self._clock()
         try:
             drafts = self.drafters[name].propose(requests)
@@ -209,17 +222,20 @@ class ProposerCore:
             s.failures += 1
             if s.failures == 1:
                 log.warning("drafter %s failed (%s: %s); its rows decode without drafts", name.value, type(e).__name__, e)
-            return [[] for _ in rows]
+            return
         seconds = self._clock() - t0
         s.calls += 1
         s.draft_s += seconds
-        self.cost.observe_draft(name.value, max(ks), seconds)
-        return [[int(t) for t in d.token_ids[:k]] for d, k in zip(drafts, ks, strict=True)]
+        for r, d in zip(asked, drafts, strict=True):
+            r.draft = Draft(list(d.token_ids[: r.k]), context=d.context)  # one-hot: vLLM verifies ids only
+            r.draft_s = seconds
+        policy.trim(rounds)
 
     def _release(self, req_id: str) -> None:
         q = self._reqs.pop(req_id)
+        self.policies[q.drafter].close(q.seq.seq_id)
         try:
-            self.drafters[q.drafter].release(q.seq_id)
+            self.drafters[q.drafter].release(q.seq.seq_id)
         except Exception as e:
             log.warning("drafter %s release failed: %s: %s", q.drafter.value, type(e).__name__, e)
 

@@ -43,6 +43,9 @@ __all__ = ["Ops", "OpsConfig", "RouteOps", "Finished"]
 log = logging.getLogger("draftgate.server.ops")
 
 
+_PRIOR = CostModel()  # never observed: forward and draft prices in prior units
+
+
 @dataclass(frozen=True)
 class OpsConfig:
     canary: CanaryConfig = field(default_factory=CanaryConfig)
@@ -124,7 +127,7 @@ class RouteOps:
 
     def cost_model(self) -> CostModel:
         """The back end's measured costs (prior units when it has none) for predicted speedups."""
-        return self.shadow_cost or self.route.engine.cost
+        return self.shadow_cost or self.route.engine.cost or _PRIOR
 
     def snapshot(self) -> dict[str, Any]:
         engine = self.route.engine

@@ -8,16 +8,15 @@ that is slow costs its round's drafts, nothing else) and exposes the wire statis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from draftgate.drafters.base import Drafter
 from draftgate.drafters.time_limit import TimeLimitedDrafter
-from draftgate.engine.engine import Engine, Sink
+from draftgate.engine.engine import Engine
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.proto.wire import WireStats
 from draftgate.server.targets.grpc_pool import WorkerPool
 from draftgate.server.targets.grpc_target import GrpcTarget, RemoteError
-from draftgate.types import SamplingParams
 
 __all__ = ["RemoteTargetEngine", "RemoteError"]
 
@@ -45,12 +44,6 @@ class RemoteTargetEngine(Engine):
             drafter = TimeLimitedDrafter(drafter, draft_timeout_s)
         super().__init__(target, drafter, k=k, k_max=k_max, max_batch=max_batch, max_queue=max_queue)
         self.grpc = target
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
-        """As ``Engine.submit``; the loop starts on the first request (the gateway starts it anyway)."""
-        cancel = super().submit(prompt_ids, params, sink, speculate)
-        self.start()
-        return cancel
 
     @property
     def wire(self) -> WireStats:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from draftgate.engine import RoundDone, RoundWork, TargetInfo, check_prompt
+from draftgate.engine import Round, TargetInfo, check_prompt
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.proto import target_pb2 as pb
 from draftgate.server.proto.wire import GRPC_PREFIX, WireStats, params_to_pb, round_to_pb
@@ -101,12 +101,12 @@ class GrpcTarget:
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
         check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, self.pool.max_context)
 
-    def open(self, work: RoundWork, k_max: int) -> RoundDone:
-        assert work.params.seed is not None, "the engine gives every request a seed (worker and drafter share it)"
-        return self._call(self._open(work, k_max))
+    def open(self, rnd: Round) -> None:
+        assert rnd.params.seed is not None, "the engine gives every request a seed (worker and drafter share it)"
+        self._call(self._open(rnd))
 
-    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        return self._call(self._run(work))
+    def run(self, rounds: Sequence[Round]) -> None:
+        self._call(self._run(rounds))
 
     def close(self, seq_id: int) -> None:
         loop = self._loop
@@ -167,16 +167,17 @@ class GrpcTarget:
             await asyncio.sleep(self.health_interval_s)
             await self.pool.probe_all()
 
-    async def _open(self, work: RoundWork, k_max: int) -> RoundDone:
+    async def _open(self, rnd: Round) -> None:
         """A session on the least-loaded worker; a worker that fails here is skipped."""
-        msg = pb.SessionRequest(open=pb.Open(prompt=list(work.history), params=params_to_pb(work.params),
-                                             max_draft_tokens=k_max))  # fmt: skip
+        msg = pb.SessionRequest(open=pb.Open(prompt=list(rnd.history), params=params_to_pb(rnd.params),
+                                             max_draft_tokens=rnd.k_max))  # fmt: skip
         tried: list[WorkerHandle] = []
         while True:
             try:
                 w, stub = await self.pool.acquire(exclude=tried)
             except NoWorkerError as e:
-                return RoundDone([], 0, error=str(e))
+                rnd.fail(str(e))
+                return
             call = stub.Session()
             try:
                 first = await self._exchange(call, msg)
@@ -184,7 +185,8 @@ class GrpcTarget:
                 call.cancel()
                 self.pool.release(w)
                 if not e.worker_fault:
-                    return RoundDone([], 0, error=str(e))
+                    rnd.fail(str(e))
+                    return
                 self.pool.mark_down(w, str(e))
                 tried.append(w)
                 continue
@@ -193,18 +195,20 @@ class GrpcTarget:
                 self.pool.release(w)
                 raise
             self.pool.mark_ok(w)
-            self._sessions[work.seq_id] = _Session(w, call)
-            return RoundDone(list(first.tokens), 0)
+            self._sessions[rnd.seq_id] = _Session(w, call)
+            rnd.done(list(first.tokens))
+            return
 
-    async def _run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        return list(await asyncio.gather(*(self._round(w) for w in work)))
+    async def _run(self, rounds: Sequence[Round]) -> None:
+        await asyncio.gather(*(self._round(r) for r in rounds))
 
-    async def _round(self, w: RoundWork) -> RoundDone:
-        sess = self._sessions.get(w.seq_id)
+    async def _round(self, r: Round) -> None:
+        sess = self._sessions.get(r.seq_id)
         if sess is None:
-            return RoundDone([], 0, error="the target session is gone")
-        msg = round_to_pb(w.draft)
-        k = len(w.draft.token_ids)
+            r.fail("the target session is gone")
+            return
+        msg = round_to_pb(r.draft)
+        k = len(r.draft.token_ids)
         try:
             resp = await self._exchange(sess.call, msg)
             a = resp.num_accepted
@@ -214,15 +218,16 @@ class GrpcTarget:
         except RemoteError as e:
             if e.worker_fault:
                 self.pool.mark_down(sess.worker, str(e))
-            await self._close(w.seq_id)
-            return RoundDone([], 0, error=str(e))
+            await self._close(r.seq_id)
+            r.fail(str(e))
+            return
         sent, got = msg.ByteSize() + GRPC_PREFIX, resp.ByteSize() + GRPC_PREFIX
         self.wire.rounds += 1
         self.wire.request_bytes += sent
         self.wire.response_bytes += got
         self.wire.max_round_bytes = max(self.wire.max_round_bytes, sent + got)
         # The worker cut its tokens where plain decoding stops; the engine's identical cut keeps them.
-        return RoundDone(list(resp.tokens), a)
+        r.done(list(resp.tokens), a)
 
     async def _exchange(self, call: grpc.aio.StreamStreamCall, msg: pb.SessionRequest) -> pb.SessionResponse:
         """Send one message and read its answer; every failure becomes a RemoteError."""

@@ -2,18 +2,15 @@
 
 Not a loop of its own: ``Engine`` runs every request and ``ScoredTarget`` verifies each round
 from the server's scores (``openai_target.OpenAIScorer``, where the server's wire quirks live).
-This class only wires the two and starts the loop on the first request.
+This class only wires the two.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import httpx
 
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Engine, ScoredTarget
-from draftgate.engine.frontend import Sink
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.openai_target import OpenAIScorer
 from draftgate.types import SamplingParams
@@ -41,11 +38,6 @@ class OpenAITargetEngine(Engine):
         self.server = OpenAIScorer(url, tokenizer, allow_approximate, timeout_s, model_name, client)
         super().__init__(ScoredTarget(self.server, max_concurrent), drafter, k=k, k_max=k_max,
                          max_batch=max_concurrent, max_queue=max_queue)  # fmt: skip
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
-        cancel = super().submit(prompt_ids, params, sink, speculate)
-        self.start()  # the loop starts on the first request (the gateway starts it anyway)
-        return cancel
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise BadRequestError if the route would refuse these params (sampling without approximation)."""

@@ -1,10 +1,10 @@
 """VllmTargetEngine: the engine with its target on a vLLM server that only scores (``vllm+http://`` rounds).
 
 Not a loop of its own: ``Engine`` runs every request (drafting, stats, stops) over
-``vllm_target.VllmRoundTarget`` at a fixed K: whether a draft is worth a round is priced per draft
-by the target, not per K by the goodput controller. This class checks the server at start
-(``vllm_checks``), starts the loop on the first request, and keeps sampled requests off the
-drafts: they run on vLLM's own decoding (exact by construction).
+``vllm_target.VllmRoundTarget``, whose declared pricer (``TargetInfo.pricer``) tells the engine's
+policy which lookup drafts are worth a scoring round on this server. This class checks the
+server at start (``vllm_checks``) and keeps sampled requests off the drafts: they run on vLLM's
+own decoding (exact by construction).
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ from collections.abc import Callable
 import httpx
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Engine
-from draftgate.engine.frontend import Sink
+from draftgate.engine import Engine, Sink
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, check_rows
 from draftgate.server.targets.vllm_target import VllmRoundTarget
 from draftgate.server.targets.vllm_wire import VllmWire
 from draftgate.types import SamplingParams
 
-__all__ = ["VllmTargetEngine", "ROUND_K"]
+__all__ = ["VllmTargetEngine", "LOOKUP_K_MAX"]
 
-ROUND_K = 16  # drafts a scoring round may carry: on vLLM a round's price hardly grows with K
+LOOKUP_K_MAX = 16  # drafts a lookup may offer a scoring round at least: its price hardly grows with K on vLLM
 
 
 class VllmTargetEngine(Engine):
@@ -50,17 +49,15 @@ class VllmTargetEngine(Engine):
         self.wire = VllmWire(url, client, facts.model, timeout_s)
         check_rows(self.wire, tokenizer)
         self.rounds_target = VllmRoundTarget(self.wire, tokenizer, facts.max_context, max_concurrent)
-        # K: every draft the drafter has, up to k_max (or the route's fixed k); whether a draft is
-        # worth a scoring round is priced per draft by the target (vllm_pricing), not per K here.
-        k_max = max(k_max, ROUND_K)
-        super().__init__(self.rounds_target, drafter, k=k or k_max, k_max=k_max, max_batch=max_concurrent,
-                         max_queue=max_queue)  # fmt: skip
+        super().__init__(
+            self.rounds_target, drafter, k=k, k_max=max(k_max, LOOKUP_K_MAX), max_batch=max_concurrent, max_queue=max_queue
+        )
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True) -> Callable[[], None]:
+    def submit(  # type: ignore[override]
+        self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
+    ) -> Callable[[], None]:
         # Sampled requests: vLLM's own sampling, start to end (one stream; nothing drafted or verified here).
-        cancel = super().submit(prompt_ids, params, sink, speculate and params.greedy)
-        self.start()
-        return cancel
+        return super().submit(prompt_ids, params, sink, speculate and params.greedy)
 
     def shutdown(self) -> None:
         super().shutdown()

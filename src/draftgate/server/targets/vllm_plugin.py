@@ -34,8 +34,7 @@ from typing import Any
 import httpx
 
 from draftgate.drafters.base import Drafter
-from draftgate.engine import Chunk, CostModel, IncrementalText, StopChecker, check_prompt
-from draftgate.engine.frontend import Frontend, Sink
+from draftgate.engine import Backend, Chunk, IncrementalText, Sink, StopChecker, check_prompt
 from draftgate.errors import CapacityError
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, connect
@@ -52,8 +51,10 @@ PROPOSER_DRAFTERS = (
     "ngram",
     "remote",
 )  # what DraftGate's proposer in vLLM drafts with
-class VllmPluginBackend(Frontend):
-    """The ``Backend`` of a ``vllm+http://`` route: requests stream from vLLM, speculation switched per request."""
+
+
+class VllmPluginBackend(Backend):
+    """The back end of a ``vllm+http://`` route: requests stream from vLLM, speculation switched per request."""
 
     def __init__(
         self,
@@ -80,7 +81,7 @@ class VllmPluginBackend(Frontend):
         self.k, self.k_max = k, k_max
         self.max_queue = max_queue
         self.speculation_enabled = drafter is not None
-        self.cost = CostModel()  # vLLM runs the forwards: shadow predictions use prior units
+        self.cost = None  # vLLM runs the forwards: nothing measured here (shadow predictions use prior units)
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._lock = threading.Lock()
         self._running = 0
@@ -101,7 +102,7 @@ class VllmPluginBackend(Frontend):
             )  # fmt: skip
         return facts.model, facts.max_context, facts.proposer
 
-    # ---------------------------------------------------------------- the Backend shape
+    # ---------------------------------------------------------------- the back end
 
     @property
     def drafter(self) -> Drafter | None:
@@ -114,9 +115,6 @@ class VllmPluginBackend(Frontend):
     @property
     def num_waiting(self) -> int:
         return 0  # vLLM queues; the gateway holds nothing back
-
-    def start(self) -> None:
-        """Requests run on their own threads from ``submit``; nothing to start."""
 
     def shutdown(self) -> None:
         self._client.close()

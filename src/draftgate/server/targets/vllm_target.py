@@ -17,9 +17,11 @@ stream keeps it when the stream will catch up sooner than a new one would start 
 then sends are checked against those emitted), else opens a new one past the round's end (the
 way back). A failed round costs the stream's progress, not a wrong token.
 
-Which drafts are worth a round is priced here, by measured costs (``vllm_pricing.RoundPricer``):
-the engine asks the drafter for every draft it has (fixed K), and a draft whose evidence
-(``Draft.context``) has not paid on this server decodes plainly (``declined``).
+Which lookup drafts are worth a round is priced by what rounds cost on this server
+(``vllm_pricing.RoundPricer``, measured here): the target declares it (``TargetInfo.pricer``) and
+the engine's policy asks it of each lookup draft's evidence (``Draft.context``); a draft it
+declines is never sent. A sampled request's drafts, and a sequence whose context vLLM keeps
+cached past its end, decode plainly (``declined``).
 
 Rows vLLM did not compute (a prefix it had cached past this context's end) are read from the
 stream where it got there; a context another request carried past its end (a repeated prompt)
@@ -44,7 +46,8 @@ from dataclasses import dataclass
 import httpx
 
 from draftgate.engine import verify_choices
-from draftgate.engine.target import RoundDone, RoundWork, TargetInfo, check_prompt
+from draftgate.engine.round import Round
+from draftgate.engine.target import TargetInfo, check_prompt
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.vllm_pricing import RoundPricer
 from draftgate.server.targets.vllm_wire import (
@@ -86,8 +89,8 @@ class VllmRoundTarget:
     ) -> None:
         self.wire = wire
         self.tokenizer = tokenizer
-        self.info = TargetInfo("vllm", tokenizer.vocab_size, max_context, exact_sampling=True)
         self.pricer = RoundPricer()
+        self.info = TargetInfo("vllm", tokenizer.vocab_size, max_context, exact_sampling=True, pricer=self.pricer)
         self.token_timeout_s = token_timeout_s
         self.scored = 0  # drafts scored on vLLM (the rest decode plainly; requests' stats count both)
         self._seqs: dict[int, _Seq] = {}
@@ -100,16 +103,18 @@ class VllmRoundTarget:
     def check(self, prompt_ids: Sequence[int], params: SamplingParams, k_max: int) -> None:
         check_prompt(prompt_ids, params.max_new_tokens, self.info.vocab_size, self.info.max_context)
 
-    def open(self, work: RoundWork, k_max: int) -> RoundDone:
-        return self._round(work)  # the first token is the plain stream's first token
+    def open(self, rnd: Round) -> None:
+        self._round(rnd)  # the first token is the plain stream's first token
 
-    def run(self, work: Sequence[RoundWork]) -> list[RoundDone]:
-        if len(work) <= 1:
-            return [self._round(w) for w in work]
+    def run(self, rounds: Sequence[Round]) -> None:
+        if len(rounds) <= 1:
+            for r in rounds:
+                self._round(r)
+            return
         with self._lock:
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(self._max_concurrent, thread_name_prefix="draftgate-vllm")
-        return list(self._pool.map(self._round, work))
+        list(self._pool.map(self._round, rounds))
 
     def close(self, seq_id: int) -> None:
         with self._lock:
@@ -131,7 +136,7 @@ class VllmRoundTarget:
 
     # ---------------------------------------------------------------- rounds
 
-    def _round(self, w: RoundWork) -> RoundDone:
+    def _round(self, w: Round) -> None:
         with self._lock:
             s = self._seqs.setdefault(w.seq_id, _Seq())
         drafts = list(w.draft.token_ids)
@@ -139,25 +144,24 @@ class VllmRoundTarget:
             drafts = drafts[: max(0, self.info.max_context - len(w.history))]
         try:
             if drafts and w.params.greedy and s.cached_past < 2:
-                if self.pricer.worth(w.draft.context, len(drafts)):
-                    self.scored += 1
-                    return self._scored(s, w, drafts)
-            return self._plain(s, w, declined=bool(drafts))
+                self.scored += 1
+                self._scored(s, w, drafts)
+            else:
+                self._plain(s, w, declined=bool(drafts))
         except (WireError, httpx.HTTPError, ValueError, KeyError) as e:
             self._drop(s)
-            return RoundDone([], 0, error=f"vLLM at {self.wire.url} failed mid-request: {type(e).__name__}: {e}")
+            w.fail(f"vLLM at {self.wire.url} failed mid-request: {type(e).__name__}: {e}")
 
-    def _stream(self, s: _Seq, w: RoundWork) -> VllmStream:
+    def _stream(self, s: _Seq, w: Round) -> VllmStream:
         """The sequence's stream, following w.history (a new one if it does not)."""
         st = s.stream
         if st is not None and st.base + s.taken == len(w.history) and self._agrees(s, w, st.snapshot()):
             return st
         self._drop(s)
-        left = w.remaining if w.remaining is not None else 1 << 20
-        s.stream = self.wire.stream(w.history, w.params, max(1, left), w.params.cache_salt)
+        s.stream = self.wire.stream(w.history, w.params, max(1, w.remaining), w.params.cache_salt)
         return s.stream
 
-    def _agrees(self, s: _Seq, w: RoundWork, toks: list[int]) -> bool:
+    def _agrees(self, s: _Seq, w: Round, toks: list[int]) -> bool:
         """Whether the stream's tokens that a round emitted before it sent them are the ones emitted."""
         assert s.stream is not None
         got = toks[s.checked : s.taken]
@@ -172,7 +176,7 @@ class VllmRoundTarget:
             s.stream.close()
         s.stream, s.taken, s.checked = None, 0, 0
 
-    def _next(self, s: _Seq, w: RoundWork) -> list[int]:
+    def _next(self, s: _Seq, w: Round) -> list[int]:
         """The stream's tokens past what was emitted: at least one (waits for it)."""
         st = self._stream(s, w)
         toks = st.wait(s.taken + 1, self.token_timeout_s)
@@ -189,27 +193,29 @@ class VllmRoundTarget:
             self.pricer.observe_gap(st.arrivals[i] - st.arrivals[i - 1])
         return toks[s.taken :]
 
-    def _plain(self, s: _Seq, w: RoundWork, declined: bool = False) -> RoundDone:
+    def _plain(self, s: _Seq, w: Round, declined: bool = False) -> None:
         """The next token of vLLM's own decoding (greedy, or the request's seeded sampling)."""
         tok = self._next(s, w)[0]
         s.taken += 1
         s.checked = s.taken
-        return RoundDone([tok], 0, target_decoded=not w.params.greedy, declined=declined)
+        w.done([tok], target_decoded=not w.params.greedy, declined=declined)
 
-    def _scored(self, s: _Seq, w: RoundWork, drafts: list[int]) -> RoundDone:
+    def _scored(self, s: _Seq, w: Round, drafts: list[int]) -> None:
         """Score the drafts on vLLM while its stream goes on; keep whichever is further, never a wrong token."""
         t0 = time.perf_counter()
         n, ids = len(w.history), list(w.history) + drafts
         st = self._stream(s, w)
         ahead = st.snapshot()[s.taken :]
         if ahead and ahead[0] != drafts[0]:  # the stream already answered: the first draft is wrong, no request
-            return self._keep(s, w, drafts, ahead, t0, fallback=False, priced=False)
+            self._keep(s, w, drafts, ahead, t0, fallback=False, priced=False)
+            return
         try:
             got = self.wire.score(ids, w.params.cache_salt, from_row=n)
             rows = [_choice(got, ids, n + j) for j in range(len(drafts))]  # vLLM's argmax after history + drafts[:j]
         except (WireError, httpx.HTTPError) as e:  # an error, a timeout, a garbage row: never a wrong token
             log.warning("vLLM scoring round failed (%s): the stream's tokens are emitted instead", e)
-            return self._keep(s, w, drafts, self._next(s, w), t0, fallback=True)
+            self._keep(s, w, drafts, self._next(s, w), t0, fallback=True)
+            return
         ahead = st.snapshot()[s.taken :]
         # A row not computed lies in a prefix vLLM had cached past this context's end. Where its
         # stream got there, the stream's token is vLLM's choice (wait a step or two for it). Where
@@ -218,7 +224,8 @@ class VllmRoundTarget:
         # prefilled again under a cache salt, which costs more than a 2-core CPU's rounds save.
         if sum(r is None for r in rows) > len(ahead) + 2:
             s.cached_past += 1
-            return self._keep(s, w, drafts, self._next(s, w), t0, fallback=False, priced=False)
+            self._keep(s, w, drafts, self._next(s, w), t0, fallback=False, priced=False)
+            return
         choice: list[int] = []
         for j, row in enumerate(rows):
             if row is None:
@@ -232,12 +239,12 @@ class VllmRoundTarget:
                 break  # rows past the first mismatch are not needed
         done = len(choice) == len(drafts) and choice[-1] == drafts[-1]  # every draft matched
         emitted, _ = verify_choices(drafts, choice, got.token if done else None, self.info.vocab_size)
-        return self._keep(s, w, drafts, ahead, t0, fallback=False, verified=emitted)
+        self._keep(s, w, drafts, ahead, t0, fallback=False, verified=emitted)
 
     def _keep(
-        self, s: _Seq, w: RoundWork, drafts: list[int], ahead: list[int], t0: float, fallback: bool,
+        self, s: _Seq, w: Round, drafts: list[int], ahead: list[int], t0: float, fallback: bool,
         verified: list[int] | None = None, priced: bool = True,
-    ) -> RoundDone:  # fmt: skip
+    ) -> None:  # fmt: skip
         """Emit the verified tokens or the stream's, whichever go further (the stream's where they differ)."""
         out, reopen = ahead, False
         if verified is not None:
@@ -266,7 +273,7 @@ class VllmRoundTarget:
         accepted = 0
         while accepted < min(len(drafts), len(out)) and drafts[accepted] == out[accepted]:
             accepted += 1
-        return RoundDone(list(out), accepted, fallback=fallback)
+        w.done(out, accepted, fallback=fallback)
 
 
 def _choice(got: Scored, ids: list[int], m: int) -> int | None:

@@ -7,7 +7,7 @@ and returns ``{tokens, logprobs, q}``:
   the draft model's distribution after the request's temperature/top-k/top-p
   (the same transforms the target applies to p), cut to its ``q_top_n`` most
   likely ids and renormalized. The token is sampled from exactly that sparse
-  q, so the target's rejection sampling against it is exact (DESIGN 5.1); the
+  q, so the target's rejection sampling against it is exact (the lossless rule); the
   cut only lowers acceptance, never correctness. Greedy requests get one-hot
   rows (the argmax), as do deterministic drafters (n-gram). The draw comes from
   the request's seed: the same seeded request gets the same drafts.

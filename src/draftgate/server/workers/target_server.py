@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from draftgate.engine.session_host import RoundResult, SessionGone, SessionHost, WorkerShuttingDown
+from draftgate.engine import Chunk
+from draftgate.engine.session_host import SessionGone, SessionHost, WorkerShuttingDown
 from draftgate.errors import BadRequestError
 from draftgate.server.proto import target_pb2 as pb
 from draftgate.server.proto import target_pb2_grpc as pb_grpc
@@ -27,8 +28,8 @@ __all__ = ["TargetServicer", "TargetWorkerServer"]
 log = logging.getLogger("draftgate.target")
 
 
-def _response(r: RoundResult) -> pb.SessionResponse:
-    return pb.SessionResponse(tokens=r.tokens, num_accepted=r.num_accepted, finish_reason=r.finish_reason or "")
+def _response(c: Chunk) -> pb.SessionResponse:
+    return pb.SessionResponse(tokens=c.token_ids, num_accepted=c.accepted, finish_reason=c.finish_reason or "")
 
 
 class TargetServicer(pb_grpc.TargetWorkerServicer):
@@ -110,7 +111,6 @@ class TargetWorkerServer:
         self._stopped = threading.Event()
 
     def start(self) -> TargetWorkerServer:
-        self.host.start()
         ready = threading.Event()
         failure: list[BaseException] = []
 
