@@ -52,6 +52,22 @@ __all__ = ["AutoDrafter", "MIN_GLOBAL_MATCH"]
 MIN_GLOBAL_MATCH = 4
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """``source``'s decision for a sequence's round: at which history length, for which k_max, whether
+    the model drafts, and lookup's draft (k_max tokens at most)."""
+
+    seen: int
+    k_max: int
+    model: bool
+    lookup: Draft
+
+
+def _fits(p: _Plan | None, r: DraftRequest) -> bool:
+    """Whether ``source``'s plan is this request's round (the same history, no more tokens asked)."""
+    return p is not None and p.seen == len(r.tokens) and r.k <= p.k_max
+
+
 @dataclass
 class _ModelUse:
     """Per request: whether the model drafted its last round (its outcome goes to the model)."""
@@ -84,7 +100,7 @@ class AutoDrafter:
         )
         self._min_lookup = min_lookup if min_lookup is not None else (3 if head else 1)
         self._use: dict[int, _ModelUse] = {}
-        self._plans: dict[int, tuple[int, bool]] = {}  # seq -> (history length, model drafts?)
+        self._plans: dict[int, _Plan] = {}  # seq -> what source() decided for its round
 
     def _lookup(self, requests: Sequence[DraftRequest]) -> list[tuple[Draft, int]]:
         """Per request: lookup's draft (the longer of the suffix tree's and the n-gram's) and how many
@@ -106,30 +122,33 @@ class AutoDrafter:
         """Where this sequence's next draft comes from: ``auto`` (lookup) or ``auto+<model>``.
 
         The engine keeps one acceptance estimate per source (lookup's per evidence, the model's per
-        request), so the model's acceptance never shortens lookup's drafts. The decision is kept for
-        the ``propose`` of the same round.
+        request), so the model's acceptance never shortens lookup's drafts. The decision, and the
+        k_max lookup it rests on, are kept for the ``propose`` of the same round (a lookup in pure
+        Python costs tens of microseconds: once a round, not twice).
         """
         if self._model is None:
             return Source(self.name, lookup=True)
-        ask = min(self._min_lookup, k_max)  # enough to tell whether lookup proposes min_lookup tokens
-        _, strong = self._lookup([DraftRequest(seq_id, tokens, ask, SamplingParams())])[0]
+        ((draft, strong),) = self._lookup([DraftRequest(seq_id, tokens, k_max, SamplingParams())])
         model = self._wants_model(strong, k_max)
-        self._plans[seq_id] = (len(tokens), model)
+        self._plans[seq_id] = _Plan(len(tokens), k_max, model, draft)
         return Source(f"{self.name}+{self._model.name}") if model else Source(self.name, lookup=True)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        planned = [self._plans.pop(r.seq_id, None) for r in requests]
-        planned = [p if p is not None and p[0] == len(r.tokens) else None for p, r in zip(planned, requests, strict=True)]
-        # Lookup again for this round's k rather than reuse source()'s k_max draft: asked for more
-        # tokens, lookup may pick another match, one that drafts this k worse.
-        looked = self._lookup(requests)
-        drafts = [d for d, _ in looked]
+        plans = [self._plans.pop(r.seq_id, None) for r in requests]
+        fresh = [i for i, (r, p) in enumerate(zip(requests, plans, strict=True)) if not _fits(p, r)]
+        looked = dict(zip(fresh, self._lookup([requests[i] for i in fresh]), strict=True))  # unplanned: decide now
+        drafts: list[Draft] = []
         need = []
-        for i, (r, p, (_, strong)) in enumerate(zip(requests, planned, looked, strict=True)):
-            if p is not None:
-                model = p[1]
-            else:
+        for i, (r, p) in enumerate(zip(requests, plans, strict=True)):
+            if i in looked:
+                d, strong = looked[i]
                 model = self._model is not None and self._wants_model(strong, r.k)
+            else:
+                assert p is not None
+                d, model = p.lookup, p.model
+                if len(d.token_ids) > r.k:  # the k_max lookup's first k tokens
+                    d = Draft(list(d.token_ids[: r.k]), context=d.context)
+            drafts.append(d)
             if self._model is not None:
                 self._use.setdefault(r.seq_id, _ModelUse()).last_was_model = model and r.k > 0
             if model and r.k > 0:

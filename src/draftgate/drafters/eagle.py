@@ -54,15 +54,25 @@ from draftgate.sampling.transforms import logits_to_probs, sample_from_probs
 
 __all__ = ["EagleDrafter", "shipped_head", "load_head"]
 
+JOIN_EVERY = 64  # fed feature tensors a sequence keeps apart before they are joined
+
 
 @dataclass
 class _Seq:
-    g: torch.Tensor  # [cap, nF, C] the target's features not yet absorbed by the head, position g_start + i
+    # The target's features not yet absorbed by the head, positions g_start .. g_start + g_n - 1, as
+    # they were fed ([m, nF, C] each); joined only when the head absorbs them.
+    parts: list[torch.Tensor]
     g_start: int = 0
     g_n: int = 0
     cache: HeadCache | None = None
     last_h: torch.Tensor | None = None  # [C] the head's output at its last true entry
     last_logits: torch.Tensor | None = None  # [Vs] its logits (draft 1's)
+
+    def features(self) -> torch.Tensor:
+        """[g_n, nF, C] the features not yet absorbed, joined into one tensor."""
+        if len(self.parts) > 1:
+            self.parts[:] = [torch.cat(self.parts)]
+        return self.parts[0]
 
 
 class EagleDrafter:
@@ -99,21 +109,19 @@ class EagleDrafter:
 
     # ------------------------------------------------------------ the target's side
 
-    @torch.inference_mode()
     def feed(self, seq_id: int, start: int, feats: torch.Tensor) -> None:
         """The target's features [m, nF, C] at positions start .. start + m - 1 (committed).
 
-        Kept as they come and fused only when the head absorbs them (one product for all the
-        positions since its last draft): rounds that lookup drafts (auto) cost it a copy.
+        Kept as they come (no copy: the engine calls this every round) and joined only when the
+        head absorbs them (one product for all the positions since its last draft).
         """
-        g = feats  # [m, nF, C]
         s = self._seqs.get(seq_id)
         if s is None or start != s.g_start + s.g_n:  # new, or a gap (never expected): start over here
-            s = self._seqs[seq_id] = _Seq(torch.empty(max(256, 2 * g.shape[0]), *g.shape[1:]), start)
-        if s.g_n + g.shape[0] > s.g.shape[0]:
-            s.g = torch.cat([s.g, torch.empty(max(s.g.shape[0], g.shape[0]), *g.shape[1:])])
-        s.g[s.g_n : s.g_n + g.shape[0]] = g
-        s.g_n += g.shape[0]
+            s = self._seqs[seq_id] = _Seq([], start)
+        s.parts.append(feats)
+        s.g_n += feats.shape[0]
+        if len(s.parts) >= JOIN_EVERY:  # a long stretch without drafts holds a few tensors, not one a round
+            s.features()
 
     # ------------------------------------------------------------ Drafter protocol
 
@@ -133,7 +141,7 @@ class EagleDrafter:
                 first, last = c.start + c.n, len(r.tokens) - 2
                 caches.append(c)
                 toks.append(torch.tensor(r.tokens[first + 1 : last + 2], dtype=torch.int64))  # x_{t+1}
-                feats.append(s.g[first - s.g_start : last - s.g_start + 1])  # [m, nF, C]
+                feats.append(s.features()[first - s.g_start : last - s.g_start + 1])  # [m, nF, C]
             h, logits = head.step_many(caches, toks, feats=feats)  # [B, C], [B, Vs]
             for b, (r, s) in enumerate(absorb):
                 s.last_h, s.last_logits = h[b], logits[b]
@@ -202,8 +210,7 @@ class EagleDrafter:
         keeps the features of the positions its head has not absorbed yet, not all of them."""
         used = last - s.g_start + 1
         rest = s.g_n - used
-        if rest > 0:
-            s.g[:rest] = s.g[used : s.g_n].clone()
+        s.parts = [s.features()[used:].clone()] if rest > 0 else []
         s.g_start, s.g_n = last + 1, max(rest, 0)
 
     @staticmethod

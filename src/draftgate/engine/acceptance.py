@@ -71,15 +71,18 @@ class AcceptanceTracker:
         self._tried = [0] * self.k_max
         self._acc = [0] * self.k_max
 
-    def alphas(self, k: int | None = None, z: float = 0.0) -> list[float]:
-        """alpha_1..alpha_k (default k_max); z > 0 adds z posterior sds (capped at 1)."""
+    def alphas(self, k: int | None = None, z: float = 0.0, prior: list[float] | None = None) -> list[float]:
+        """alpha_1..alpha_k (default k_max); z > 0 adds z posterior sds (capped at 1).
+
+        ``prior``: each position's prior mean (a pooled estimate this request's rounds refine, weighted
+        ``prior_weight``), instead of prior_alpha chained from the position before."""
         k = self.k_max if k is None else k
         if not 0 <= k <= self.k_max:
             raise ValueError(f"k must be in [0, {self.k_max}], got {k!r}")
         out, m, w = [], self.prior_alpha, self.prior_weight
         for i in range(k):
             n = self._tried[i] + w
-            m = (self._acc[i] + w * m) / n  # the mean, and the next position's prior mean
+            m = (self._acc[i] + w * (m if prior is None else prior[i])) / n  # the mean, and the next prior
             out.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (n + 1.0))) if z else m)
         return out
 

@@ -179,18 +179,24 @@ class GoodputController:
                 self.interval = min(2 * self.interval, self.max_probe_interval)
         if k > 0:
             self.interval, self._zero_run = self.probe_interval, 0
-        elif self._zero_run >= self.interval and (k := self._funded_probe(cost, steps, t_plain)):
-            self._zero_run = 0
-            if (
+        elif self._zero_run >= self.interval:
+            # A catch-up price resting on few timings, or old, is measured again (a probe goes ahead
+            # on its rows' funds alone); a known one is paid from the funds too, if it can repay at all.
+            measure = (
                 cost.catch_up_timings(self.drafter) < FEW_CATCH_UPS
                 or cost.catch_up_staleness(self.drafter) >= CATCH_UP_RETRY
-                or self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=OPTIMISM)
-            ):
+            )
+            t_catch = 0.0 if measure else cost.catch_up_time(self.drafter, catch_up)
+            k = self._funded_probe(cost, steps, t_plain, t_catch)
+            if k and not measure and not self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=OPTIMISM):
+                self._zero_run, k = 0, 0  # even an optimistic probe would not repay its catch-up: back off without it
+                self.interval = min(2 * self.interval, self.max_probe_interval)
+            elif k:
+                self._zero_run = 0
                 self._probing, self._probe_seen = True, False
                 self.probes += 1
-            else:  # even an optimistic probe would not repay its catch-up: back off without it
-                self.interval = min(2 * self.interval, self.max_probe_interval)
-                k = 0
+            else:
+                self._zero_run += 1  # not paid for yet
         else:
             self._zero_run += 1
         self.last_k = k
@@ -227,16 +233,16 @@ class GoodputController:
                 self._streak = 1.0
         self.tracker.record(k, accepted)
 
-    def _funded_probe(self, cost: CostModel, steps: list[float], t_plain: float) -> int:
-        """The probe (``funded_k``) that the plain rounds since the last one paid for, at most ``probe_k``
-        or the K best at the prior (pooled, else the neutral one); 0: none yet. Its catch-up is weighed
-        apart (``choose_k``)."""
+    def _funded_probe(self, cost: CostModel, steps: list[float], t_plain: float, t_catch: float = 0.0) -> int:
+        """The probe (``funded_k``) that the plain rounds since the last one paid for, its catch-up
+        (``t_catch``) included, at most ``probe_k`` or the K best at the prior (pooled, else the
+        neutral one); 0: none yet."""
         if self.probe_k:
             top = self.probe_k
         else:
             rates = goodputs([self.tracker.prior_alpha] * self.k_max, steps)  # an empty window's alphas
             top = rates.index(max(rates)) + 1
-        return funded_k(top, steps, t_plain, EXPLORE * self._zero_run * t_plain)
+        return funded_k(top, steps, t_plain, EXPLORE * self._zero_run * t_plain - t_catch)
 
     def _step_times(self, cost: CostModel, other_tokens: int) -> list[float]:
         """[k-1]: estimated seconds of a round drafting k (unmeasured forward sizes optimistic; the

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from draftgate.drafters.base import Draft, Drafter, Source
-from draftgate.engine.acceptance import AcceptancePool
+from draftgate.engine.acceptance import AcceptancePool, AcceptanceTracker
 from draftgate.engine.controller import EXPLORE, GoodputController
 from draftgate.engine.costs import CostModel
 from draftgate.engine.pricing import EvidencePricer
@@ -55,6 +55,7 @@ class SpecState:
     synced: dict[str, int] = field(default_factory=dict)  # per source, history length at its last draft
     funds: float = 0.0  # seconds of lookup probes its plain rounds have paid for (EXPLORE of their time)
     k: int | None = None  # this request's own fixed K (None: the policy's)
+    lookups: dict[tuple[str, int, bool], AcceptanceTracker] = field(default_factory=dict)  # own, per evidence band
 
 
 class SpeculationPolicy:
@@ -180,8 +181,9 @@ class SpeculationPolicy:
             if self.pricer is not None:
                 k = len(d.token_ids) if self.pricer.worth(d.context, len(d.token_ids)) else 0
             else:
+                own = self._own(st, r.source, d.context, r.params.greedy)
                 k, r.probe = self.evidence.choose(
-                    self.cost, r.source, d.context, len(d.token_ids), r.params.greedy, other, st.funds
+                    self.cost, r.source, d.context, len(d.token_ids), r.params.greedy, other, st.funds, own
                 )
                 if r.probe:
                     st.funds -= self.evidence.probe_cost(self.cost, r.source, other, k)
@@ -224,10 +226,19 @@ class SpeculationPolicy:
         if r.drafted:
             if r.lookup:
                 self.evidence.record(r.source, r.draft.context, r.params.greedy, r.drafted, r.accepted)
+                own = self._own(st, r.source, r.draft.context, r.params.greedy)
+                own.record(min(r.drafted, self.k_max), min(r.accepted, r.drafted, self.k_max))
             elif r.source in st.controllers:
                 st.controllers[r.source].record(r.drafted, r.accepted)
         elif st.speculate and self.drafter is not None:
             st.funds = min(st.funds + EXPLORE * t_plain, FUNDS_CAP * t_plain)
+
+    def _own(self, st: SpecState, source: str, context: int, greedy: bool) -> AcceptanceTracker:
+        key = (source, self.evidence.band(context), greedy)
+        t = st.lookups.get(key)
+        if t is None:
+            t = st.lookups[key] = self.evidence.own()
+        return t
 
     def _price_draft_call(self, rounds: Sequence[Round]) -> None:
         """Price this step's draft call: by its longest draft in steady state, else its catch-up per token.

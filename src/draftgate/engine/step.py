@@ -33,18 +33,23 @@ __all__ = ["speculative_step"]
 
 
 def speculative_step(target: RoundTarget, drafter: Drafter | None, policy: SpeculationPolicy, rounds: Sequence[Round]) -> None:
-    """One round for every sequence in ``rounds``, filled in place (``kept``: what each emits)."""
-    policy.plan(rounds)  # 1. plan
+    """One round for every sequence in ``rounds``, filled in place (``kept``: what each emits).
+
+    Timed for the policy: ``draft_s`` the draft call, ``forward_s`` everything else a round costs
+    whether it drafts or not (planning, pricing, the target's round, the cut)."""
     t0 = time.perf_counter()
+    policy.plan(rounds)  # 1. plan
+    t1 = time.perf_counter()
     if drafter is not None and any(r.k for r in rounds):  # 2. draft (a sequence the drafter failed on is not shown)
         _draft(drafter, [r for r in rounds if not r.hidden], target.info.vocab_size)
-    policy.trim(rounds)  # 3. price each lookup draft by its evidence
-    t1 = time.perf_counter()
-    target.run(rounds)  # 4. verify on the target, roll back to the accepted prefix
     t2 = time.perf_counter()
+    policy.trim(rounds)  # 3. price each lookup draft by its evidence
+    target.run(rounds)  # 4. verify on the target, roll back to the accepted prefix
     for r in rounds:  # 5. emit, cut where plain decoding stops
         r.kept = r.seq.append(r.emitted) if r.error is None else []
-        r.draft_s, r.forward_s = t1 - t0, t2 - t1
+    t3 = time.perf_counter()
+    for r in rounds:
+        r.draft_s, r.forward_s = t2 - t1, (t1 - t0) + (t3 - t2)
     policy.update(rounds)  # 6. learn: costs, acceptance, the drafter told
 
 
