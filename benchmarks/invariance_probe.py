@@ -2,7 +2,7 @@
 how many rows share its pass?
 
 Greedy speculation is token for token plain decoding only when the logits a verify pass computes
-for a position are the ones a one-token decode computes there (DESIGN.md rule 1). The native CPU
+for a position are the ones a one-token decode computes there (batch invariance, docs/ARCHITECTURE.md). The native CPU
 kernels are bitwise invariant by construction (tests/models/test_invariance.py); PyTorch's kernels
 (``--kernels torch``, and every CUDA run) are not by construction. This probe measures how far
 they are: it decodes a prompt's greedy continuation one token a forward (the reference), then

@@ -3,29 +3,26 @@
     python -m draftgate.integrations.vllm.compare --vllm-python PY --model HF_FOLDER \\
         --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto
 
-Each kind of server runs in its own vLLM process, all up at once (on a small machine the others'
-engine cores still take CPU: compare few arms at a time for the cleanest ratios);
-requests go one arm at a time, the arms' order rotated per prompt, so drift on a shared machine
-falls on every arm alike. Greedy decoding; each arm's tokens are checked against vLLM alone
-(``identical``). Prompts with several turns are answered turn by turn, each arm on its own
-earlier answers. Each conversation carries its own ``cache_salt``: no arm or run reads KV
-another computed, so every arm pays its own prefill, as a new conversation would. Throughput is
-output tokens over wall time of the requests, per category.
+Each kind of server runs in its own vLLM process, all up at once (the others' engine cores still
+take CPU on a small machine: compare few arms at a time for the cleanest ratios). Requests go one
+arm at a time, the arms' order rotated per prompt, so drift on a shared machine falls on every arm
+alike. Greedy; each arm's tokens are checked against vLLM alone (``identical``). Multi-turn prompts
+are answered turn by turn, each arm on its own earlier answers. Each conversation carries its own
+``cache_salt``: no arm or run reads KV another computed, so every arm pays its own prefill.
+Throughput is output tokens over wall time of the requests, per category.
 
-Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``,
-``dg-suffix``, ``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request
-through ``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram``
-worker this tool starts; ``--draft-delay-ms`` puts a delay proxy between them and ``--prefetch off``
-turns the proposer's precomputation off, to measure what a network round trip costs and how much
-the precomputation hides). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate gateway (``draftgate
-serve --target vllm+http://...``, its own process) in front of vLLM alone, which this tool starts
+Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``, ``dg-suffix``,
+``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request through
+``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram`` worker this
+tool starts; ``--draft-delay-ms`` puts a delay proxy between them, ``--prefetch off`` turns the
+proposer's precomputation off). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate gateway
+(``draftgate serve --target vllm+http://...``, its own process) in front of vLLM alone, started
 with ``--enable-scale-out``: the gateway drafts and verifies, vLLM scores its drafts and decodes
-its plain stretches; their outputs are compared with vLLM alone's as text (the gateway returns no
-token ids), and vLLM's prefix-cache hits during each arm's requests are printed. A gateway
-process keeps its drafters' memory for the whole invocation (the suffix store remembers finished
-answers), so a second run over the same prompts drafts answers it has seen: held-out figures
-come from ``--runs 1``. ``gw-none`` (the gateway, no drafter) isolates what the rounds give from
-the gateway's own cost. ``make demo-vllm`` runs this on the built-in prompts.
+its plain stretches; outputs are compared with vLLM alone's as text (the gateway returns no token
+ids), and vLLM's prefix-cache hits during each arm's requests are printed. A gateway keeps its
+drafters' memory for the whole invocation, so a second run drafts answers it has seen: held-out
+figures come from ``--runs 1``. ``gw-none`` (no drafter) isolates the gateway's own cost.
+``make demo-vllm`` runs this on the built-in prompts.
 """
 
 from __future__ import annotations
@@ -211,7 +208,8 @@ def render(tallies: Mapping[tuple[str, str], list[Tally]], arms: Sequence[Arm], 
         base = _rate(tallies, "vllm", cats)
         for a in arms:
             rate = _rate(tallies, a.name, cats)
-            ident = _identical(tallies, a.name, cats)
+            first = _runs(tallies, a.name, cats)[0]
+            ident = f", {first.identical}/{first.compared} same" if a.name != "vllm" and first.compared else ""
             ratio = f" ({rate / base:.2f}x)" if base and a.name != "vllm" else ""
             cells.append(f"{rate:.1f}{ratio}{ident}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -231,18 +229,6 @@ def _runs(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequen
 
 def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequence[str]) -> float:
     return statistics.median(t.rate for t in _runs(tallies, arm, cats))
-
-
-def _identical(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequence[str]) -> str:
-    first = _runs(tallies, arm, cats)[0]
-    return f", {first.identical}/{first.compared} same" if arm != "vllm" and first.compared else ""
-
-
-@contextmanager
-def _draft_worker(port: int) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "draftgate", "serve-draft", "--drafter", "ngram", "--port", str(port), "--log-level", "warning"]
-    with _process(cmd, port, "the draft worker") as url:
-        yield url
 
 
 @contextmanager
@@ -284,7 +270,9 @@ class RemoteTier:
     prefetch: bool = True  # the proposer's precomputation (DRAFTGATE_VLLM_PREFETCH)
 
     def url(self, stack: ExitStack) -> str:
-        worker = stack.enter_context(_draft_worker(free_port()))
+        wport = free_port()
+        cmd = [sys.executable, "-m", "draftgate", "serve-draft", "--drafter", "ngram", "--port", str(wport), "--log-level", "warning"]
+        worker = stack.enter_context(_process(cmd, wport, "the draft worker"))
         if self.delay_ms <= 0:
             return worker
         port = stack.enter_context(DelayProxy(("127.0.0.1", int(worker.rsplit(":", 1)[1])), self.delay_ms / 1000.0))
