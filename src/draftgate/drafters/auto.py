@@ -50,6 +50,7 @@ __all__ = ["AutoDrafter", "MIN_GLOBAL_MATCH"]
 # accepted 0.05-0.35 tokens on average against 0.41-0.86 for the head at the same positions; from 4
 # tokens of context on they beat it (docs/BENCHMARKS.md).
 MIN_GLOBAL_MATCH = 4
+_ANY = SamplingParams()  # lookups draft the same whatever a request samples with
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class AutoDrafter:
             forget=self.forget,
         )
         self._min_lookup = min_lookup if min_lookup is not None else (3 if head else 1)
+        self._lookup_source = Source(self.name, lookup=True)
+        self._model_source = Source(f"{self.name}+{model.name}") if model is not None else None
         self._use: dict[int, _ModelUse] = {}
         self._plans: dict[int, _Plan] = {}  # seq -> what source() decided for its round
 
@@ -126,17 +129,17 @@ class AutoDrafter:
         k_max lookup it rests on, are kept for the ``propose`` of the same round (a lookup in pure
         Python costs tens of microseconds: once a round, not twice).
         """
-        if self._model is None:
-            return Source(self.name, lookup=True)
-        ((draft, strong),) = self._lookup([DraftRequest(seq_id, tokens, k_max, SamplingParams())])
+        if self._model_source is None:
+            return self._lookup_source
+        ((draft, strong),) = self._lookup([DraftRequest(seq_id, tokens, k_max, _ANY)])
         model = self._wants_model(strong, k_max)
         self._plans[seq_id] = _Plan(len(tokens), k_max, model, draft)
-        return Source(f"{self.name}+{self._model.name}") if model else Source(self.name, lookup=True)
+        return self._model_source if model else self._lookup_source
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         plans = [self._plans.pop(r.seq_id, None) for r in requests]
         fresh = [i for i, (r, p) in enumerate(zip(requests, plans, strict=True)) if not _fits(p, r)]
-        looked = dict(zip(fresh, self._lookup([requests[i] for i in fresh]), strict=True))  # unplanned: decide now
+        looked = dict(zip(fresh, self._lookup([requests[i] for i in fresh]), strict=True)) if fresh else {}  # unplanned
         drafts: list[Draft] = []
         need = []
         for i, (r, p) in enumerate(zip(requests, plans, strict=True)):

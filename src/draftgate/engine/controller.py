@@ -42,6 +42,10 @@ FEW_PLAIN_TIMINGS: Final = 5
 # (a loaded CI run: the head drafted 2 tokens in 93 rounds). An expensive drafter pays for such
 # probes only until its window holds this many timings.
 FEW_CATCH_UPS: Final = 3
+# Settled at K = 0 with nothing learned since, a controller re-weighs its costs (and whether a probe is
+# paid for yet) only every RECHECK_EVERY rounds, and when its back-off interval is reached: a decision
+# that costs ~50 us of Python a round after a forward's cold caches, for costs that drift over minutes.
+RECHECK_EVERY: Final = 8
 # It also goes ahead once the catch-up price is CATCH_UP_RETRY forwards old (engine.costs).
 
 
@@ -143,6 +147,7 @@ class GoodputController:
         self._probe_seen = False  # ... and its outcome has been recorded
         self._probe_hit = False  # ... and it accepted a draft
         self._streak = 1.0  # P(the outcomes of the probes since the last that accepted nothing)
+        self._settled: int | None = None  # other_tokens of a decision for plain decoding with nothing learned since
 
     @property
     def probing(self) -> bool:
@@ -164,9 +169,13 @@ class GoodputController:
             raise ValueError(f"other_tokens must be >= 0, got {other_tokens!r}")
         if self.k_max == 0:
             return 0
+        if self._settled == other_tokens and self._zero_run % RECHECK_EVERY and self._zero_run != self.interval:
+            self._zero_run += 1  # settled at plain decoding, nothing learned since, no probe due: it stands
+            return 0
         steps = self._step_times(cost, other_tokens)  # [k-1]: a round drafting k
         t_plain = cost.forward_time(other_tokens + 1, optimistic=True)
         k = best_k(self.tracker.alphas(), steps, t_plain)
+        self._settled = other_tokens if k == 0 else None
         if k > 0 and not self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=0.0):
             k = 0
         if k > 0 and down_probe_due(cost, other_tokens + 1):
@@ -199,6 +208,8 @@ class GoodputController:
                 self._zero_run += 1  # not paid for yet
         else:
             self._zero_run += 1
+        if k or self._probing:
+            self._settled = None
         self.last_k = k
         return k
 
@@ -220,6 +231,7 @@ class GoodputController:
         """Outcome of the round: k drafts verified, the first `accepted` kept (k == 0: ignored)."""
         if k == 0:
             return
+        self._settled = None
         if self.pool is not None:
             self.pool.record(k, accepted)
         if self._probing and not self._probe_seen:
