@@ -46,7 +46,8 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 bench: $(STAMP)
 	$(VENV)/bin/draftgate bench --prompts src/draftgate/data/prompts.jsonl --arms plain,ngram,suffix,auto --runs 3 --out bench-out

@@ -71,8 +71,23 @@ def free_port() -> int:
 
 def start_llama_server(gguf: str, threads: int, n_ctx: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-           "--n_threads", str(threads), "--logits_all", "true", "--n_ctx", str(n_ctx)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        gguf,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--logits_all",
+        "true",
+        "--n_ctx",
+        str(n_ctx),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -192,9 +207,13 @@ def part_llamacpp(a: argparse.Namespace) -> dict[str, Any]:
     for cat, d in by.items():
         s = statistics.median(d["server"]) if d["server"] else 0.0
         g = statistics.median(d["gateway"]) if d["gateway"] else 0.0
-        summary[cat] = {"server_tok_s": round(s, 2), "gateway_tok_s": round(g, 2),
-                        "ratio": round(g / s, 3) if s else None, "gateway_errors": errors[cat],
-                        "same_text_as_server": f"{sum(same[cat])}/{len(same[cat])}"}  # fmt: skip
+        summary[cat] = {
+            "server_tok_s": round(s, 2),
+            "gateway_tok_s": round(g, 2),
+            "ratio": round(g / s, 3) if s else None,
+            "gateway_errors": errors[cat],
+            "same_text_as_server": f"{sum(same[cat])}/{len(same[cat])}",
+        }
     return {"rows": rows, "summary": summary}
 
 
@@ -262,8 +281,10 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
                 else:
                     mismatched += 1  # not the same rounds: left out of the paired figures
         w = split.wire
-        tok_s = {who: sum(r["tokens"] for r in rows if r["who"] == who) / sum(r["seconds"] for r in rows if r["who"] == who)
-                 for who in ("embedded", "split")}  # fmt: skip
+        tok_s = {
+            who: sum(r["tokens"] for r in rows if r["who"] == who) / sum(r["seconds"] for r in rows if r["who"] == who)
+            for who in ("embedded", "split")
+        }
         full = [x for x in paired if x[2] == a.k]
         all_k = [k for _, k in rounds["split"]]
         summary = {
@@ -285,9 +306,15 @@ def part_split(a: argparse.Namespace) -> dict[str, Any]:
             "paired_full_k_rounds": len(full),
             "requests_not_paired": mismatched,
             "added_ms_per_round_mean": round(
-                (sum(r["seconds"] for r in rows if r["who"] == "split") / max(1, sum(r["rounds"] for r in rows if r["who"] == "split"))
-                 - sum(r["seconds"] for r in rows if r["who"] == "embedded") / max(1, sum(r["rounds"] for r in rows if r["who"] == "embedded"))) * 1e3, 3
-            ),  # fmt: skip
+                (
+                    sum(r["seconds"] for r in rows if r["who"] == "split")
+                    / max(1, sum(r["rounds"] for r in rows if r["who"] == "split"))
+                    - sum(r["seconds"] for r in rows if r["who"] == "embedded")
+                    / max(1, sum(r["rounds"] for r in rows if r["who"] == "embedded"))
+                )
+                * 1e3,
+                3,
+            ),
             "tok_s": {k: round(v, 2) for k, v in tok_s.items()},
             "split_over_embedded": round(tok_s["split"] / tok_s["embedded"], 3),
             "split_over_embedded_per_repeat": [_ratio(rows, rep) for rep in range(a.repeats)],
@@ -315,7 +342,9 @@ def main() -> int:
     out: dict[str, Any] = {"args": vars(a) | {"json": str(a.json) if a.json else None}}
     if a.part in ("llamacpp", "both"):
         out["llamacpp"] = part_llamacpp(a)
-        print("llama.cpp server alone vs gateway (openai+http target):", json.dumps(out["llamacpp"]["summary"], indent=2))
+        print(
+            "llama.cpp server alone vs gateway (openai+http target):", json.dumps(out["llamacpp"]["summary"], indent=2)
+        )
     if a.part in ("split", "both"):
         out["split"] = part_split(a)
         print("gRPC split vs embedded:", json.dumps(out["split"]["summary"], indent=2))

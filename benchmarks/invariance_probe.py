@@ -100,7 +100,9 @@ def main() -> None:
     print(f"batch invariance: {where}; reference = one-token decode of {a.new_tokens} greedy positions\n")
     print("| pass | rows | max abs logit diff | bitwise-equal rows | argmax moved |\n|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['pass']} | {r['rows']} | {r['max_abs_diff']:.3g} | {r['bitwise_equal_rows']} | {r['argmax_moved']} |")
+        print(
+            f"| {r['pass']} | {r['rows']} | {r['max_abs_diff']:.3g} | {r['bitwise_equal_rows']} | {r['argmax_moved']} |"
+        )
     if a.json is not None:
         a.json.write_text(json.dumps({"where": where, "rows": rows}, indent=2) + "\n")
 

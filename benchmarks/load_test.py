@@ -62,10 +62,18 @@ def tiny_model_dir() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="draftgate-load-"))
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     transformers.LlamaForCausalLM(cfg).float().save_pretrained(folder, safe_serialization=True)
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(33, 127)]
     vocab = {w: i for i, w in enumerate(words[:96])}
@@ -125,9 +133,13 @@ async def one(client: object, model: str, prompt: str, max_tokens: int) -> Resul
     ttft, tokens = 0.0, 0
     try:
         stream = await client.chat.completions.create(  # type: ignore[attr-defined]
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-            temperature=0, stream=True, stream_options={"include_usage": True},
-        )  # fmt: skip
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content and not ttft:
                 ttft = time.perf_counter() - t0
@@ -138,7 +150,9 @@ async def one(client: object, model: str, prompt: str, max_tokens: int) -> Resul
     return Result(True, ttft_s=ttft, e2e_s=time.perf_counter() - t0, tokens=tokens)
 
 
-async def drive(url: str, model: str, n: int, concurrency: int, max_tokens: int, max_s: float) -> tuple[list[Result], float]:
+async def drive(
+    url: str, model: str, n: int, concurrency: int, max_tokens: int, max_s: float
+) -> tuple[list[Result], float]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -176,11 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-seconds", type=float, default=120.0, help="stop starting requests after this")
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--passes", type=int, default=1,
-                    help="run the measured load this many times in one process; RSS after each (a leak keeps growing)")  # fmt: skip
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="run the measured load this many times in one process; RSS after each (a leak keeps growing)",
+    )
     ap.add_argument("--json", type=Path, help="also write the report here")
     a = ap.parse_args(argv)
-    if not (1 <= a.requests <= 10_000 and 1 <= a.concurrency <= 512 and 1 <= a.max_tokens <= 4096 and 1 <= a.passes <= 20):
+    if not (
+        1 <= a.requests <= 10_000 and 1 <= a.concurrency <= 512 and 1 <= a.max_tokens <= 4096 and 1 <= a.passes <= 20
+    ):
         print("error: --requests 1..10000, --concurrency 1..512, --max-tokens 1..4096, --passes 1..20", file=sys.stderr)
         return 2
 

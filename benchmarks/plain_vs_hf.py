@@ -192,12 +192,18 @@ def _available(system: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default="ours,hf,llamacpp", help="ours, ours-torch, hf, llamacpp (skipped if not installed)")
+    ap.add_argument(
+        "--systems", default="ours,hf,llamacpp", help="ours, ours-torch, hf, llamacpp (skipped if not installed)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="weights of ours and transformers (llama.cpp runs its Q4_1 GGUF either way)")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="weights of ours and transformers (llama.cpp runs its Q4_1 GGUF either way)",
+    )
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -222,8 +228,14 @@ def main() -> int:
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     for w in workers:
         w.close()
-    bw = json.loads(subprocess.run([sys.executable, __file__, "--worker", "bandwidth", "--threads", str(a.threads)],
-                                   capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    bw = json.loads(
+        subprocess.run(
+            [sys.executable, __file__, "--worker", "bandwidth", "--threads", str(a.threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     from draftgate.models.loader import resolve_model_path
 
     nbytes = {s: info.config.num_params * (4 if a.dtype == "float32" else 2) for s in systems}
@@ -250,23 +262,35 @@ def report(
     best_bw = max(bw.values())
     floor = {s: n / (best_bw * 1e9) * 1e3 for s, n in nbytes.items()}  # ms/token reading each system's weights
     base = stats.get("hf")
-    names = {"ours": "DraftGate plain (native kernels)", "ours-torch": "DraftGate plain (--kernels torch)",
-             "hf": "transformers generate()", "llamacpp": "llama.cpp (Q4_1 GGUF)"}  # fmt: skip
+    names = {
+        "ours": "DraftGate plain (native kernels)",
+        "ours-torch": "DraftGate plain (--kernels torch)",
+        "hf": "transformers generate()",
+        "llamacpp": "llama.cpp (Q4_1 GGUF)",
+    }
     n_req = len(next(iter(results.values())))
-    print(f"\n{len(PROMPTS)} held-out prompts x {a.rounds} rounds, greedy, {a.dtype}, {a.max_new_tokens} new tokens, "
-          f"{a.threads} threads, each system in its own warm process ({n_req} requests each)\n")  # fmt: skip
-    print("| system | decode ms/token | decode speed vs transformers | end-to-end tok/s | e2e vs transformers "
-          "| TTFT p50 ms | same tokens as ours | x its bandwidth floor |")
+    print(
+        f"\n{len(PROMPTS)} held-out prompts x {a.rounds} rounds, greedy, {a.dtype}, {a.max_new_tokens} new tokens, "
+        f"{a.threads} threads, each system in its own warm process ({n_req} requests each)\n"
+    )
+    print(
+        "| system | decode ms/token | decode speed vs transformers | end-to-end tok/s | e2e vs transformers "
+        "| TTFT p50 ms | same tokens as ours | x its bandwidth floor |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for s, st in stats.items():
         same = sum(r["tokens"] == ours.get(r["prompt"]) for r in results[s]) if ours else 0
         vs = f"{base['decode_ms'] / st['decode_ms']:.2f}x" if base else "-"
         vs_e2e = f"{st['e2e_tps'] / base['e2e_tps']:.2f}x" if base else "-"
-        print(f"| {names[s]} | {st['decode_ms']:.1f} | {vs} | {st['e2e_tps']:.1f} | {vs_e2e} | {st['ttft_ms']:.0f} "
-              f"| {same}/{len(results[s])} | {st['decode_ms'] / floor[s]:.2f} ({floor[s]:.1f} ms) |")  # fmt: skip
+        print(
+            f"| {names[s]} | {st['decode_ms']:.1f} | {vs} | {st['e2e_tps']:.1f} | {vs_e2e} | {st['ttft_ms']:.0f} "
+            f"| {same}/{len(results[s])} | {st['decode_ms'] / floor[s]:.2f} ({floor[s]:.1f} ms) |"
+        )
     sizes = ", ".join(f"{names[s]} {n / 1e6:.0f} MB" for s, n in nbytes.items())
-    print(f"\nweights read per token: {sizes}; read bandwidth (1 GiB, own process): mv {bw['mv']:.1f} GB/s, "
-          f"sum {bw['sum']:.1f} GB/s; floor = bytes / the better of the two")  # fmt: skip
+    print(
+        f"\nweights read per token: {sizes}; read bandwidth (1 GiB, own process): mv {bw['mv']:.1f} GB/s, "
+        f"sum {bw['sum']:.1f} GB/s; floor = bytes / the better of the two"
+    )
 
 
 if __name__ == "__main__":

@@ -25,13 +25,26 @@ def tiny_hf_config():  # -> transformers.LlamaConfig
     import transformers
 
     return transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
         rope_theta=10000,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def write_tiny_tokenizer(folder: Path) -> None:
@@ -48,12 +61,7 @@ def write_tiny_tokenizer(folder: Path) -> None:
     tok.add_special_tokens(["<pad>", "<s>", "</s>"])
     assert tok.get_vocab_size() == 96
     tok.save(str(folder / "tokenizer.json"))
-    tcfg = {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "pad_token": "<pad>",
-        "chat_template": TINY_CHAT_TEMPLATE,
-    }
+    tcfg = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "chat_template": TINY_CHAT_TEMPLATE}
     (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
 
 
@@ -124,9 +132,7 @@ def build_hf_reference(loaded: LoadedModel):  # -> transformers.LlamaForCausalLM
     with no_init_weights():
         hf = transformers.LlamaForCausalLM(cfg)
     # assign=True shares our tensors (no 0.5 GB copy); tie after it so lm_head follows the embedding.
-    result = hf.load_state_dict(
-        {k: v.float() for k, v in loaded.weights.items()}, strict=False, assign=True
-    )
+    result = hf.load_state_dict({k: v.float() for k, v in loaded.weights.items()}, strict=False, assign=True)
     hf.tie_weights()  # also needed because post_init's tying is part of what no_init_weights skips
     hf.eval()
     # A tied model ships no lm_head.weight: HF ties it to the embedding itself.

@@ -19,21 +19,44 @@ SRC = Path(draftgate.__file__).resolve().parent
 
 # Rank of each top-level part: a module may import parts of its own rank or lower.
 RANK = {
-    "types": 0, "errors": 0, "paths": 0, "data": 0,
-    "sampling": 1, "kv": 1,
+    "types": 0,
+    "errors": 0,
+    "paths": 0,
+    "data": 0,
+    "sampling": 1,
+    "kv": 1,
     "verify": 2,
     "models": 3,
-    "drafters": 4, "modelinfo": 4,
+    "drafters": 4,
+    "modelinfo": 4,
     "engine": 5,
-    "server": 6, "bench": 6, "train": 6, "integrations": 6,
-    "cli": 7, "__main__": 7,  # `python -m draftgate`: the command line
-}  # fmt: skip
+    "server": 6,
+    "bench": 6,
+    "train": 6,
+    "integrations": 6,
+    "cli": 7,
+    "__main__": 7,  # `python -m draftgate`: the command line
+}
 # Same rank, still not allowed (the tools know nothing of each other; drafters know no model tools).
-FORBIDDEN = {("bench", "train"), ("train", "bench"), ("bench", "server"), ("train", "server"), ("server", "bench"),
-             ("server", "train"), ("drafters", "modelinfo"), ("modelinfo", "drafters"), ("kv", "sampling"),
-             ("sampling", "kv")}  # fmt: skip
+FORBIDDEN = {
+    ("bench", "train"),
+    ("train", "bench"),
+    ("bench", "server"),
+    ("train", "server"),
+    ("server", "bench"),
+    ("server", "train"),
+    ("drafters", "modelinfo"),
+    ("modelinfo", "drafters"),
+    ("kv", "sampling"),
+    ("sampling", "kv"),
+}
 # What the serving layer may use of the engine: its public surface, never its internals.
-ENGINE_INTERNALS = {"draftgate.engine.controller", "draftgate.engine.costs", "draftgate.engine.step", "draftgate.engine.sequence"}
+ENGINE_INTERNALS = {
+    "draftgate.engine.controller",
+    "draftgate.engine.costs",
+    "draftgate.engine.step",
+    "draftgate.engine.sequence",
+}
 MATH = ("draftgate.sampling", "draftgate.verify")
 
 
@@ -107,8 +130,11 @@ def test_the_check_sees_a_lazy_upward_import(tmp_path: Path) -> None:
     assert len(found) == 2 and "draftgate.server.app" in found[0] and "draftgate.engine" in found[1]
 
 
-@pytest.mark.parametrize(("module", "path"), [(m, p) for m, p in MODULES if _part(m) == "server"],
-                         ids=[m for m, _ in MODULES if _part(m) == "server"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("module", "path"),
+    [(m, p) for m, p in MODULES if _part(m) == "server"],
+    ids=[m for m, _ in MODULES if _part(m) == "server"],
+)
 def test_the_server_uses_only_the_engines_public_surface_and_no_math(module: str, path: Path) -> None:
     for imported, names in _imports(path, module):
         assert imported not in ENGINE_INTERNALS, f"{module} imports engine internals: {imported}"
@@ -119,9 +145,22 @@ def test_the_server_uses_only_the_engines_public_surface_and_no_math(module: str
 
 def test_the_public_api_is_curated() -> None:
     assert sorted(draftgate.__all__) == sorted(
-        ["__version__", "DrafterKind", "Engine", "EngineConfig", "SamplingParams", "SpecStats", "build_engine",
-         "Kernels", "load_model", "DraftGateError", "BadRequestError", "CapacityError", "ModelLoadError"]
-    )  # fmt: skip
+        [
+            "__version__",
+            "DrafterKind",
+            "Engine",
+            "EngineConfig",
+            "SamplingParams",
+            "SpecStats",
+            "build_engine",
+            "Kernels",
+            "load_model",
+            "DraftGateError",
+            "BadRequestError",
+            "CapacityError",
+            "ModelLoadError",
+        ]
+    )
     for name in draftgate.__all__:
         assert hasattr(draftgate, name), name
 

@@ -130,24 +130,40 @@ def study(prompt_files: list[str], k: int, max_new: int) -> list[dict]:
                 hd = eagle.propose([DraftRequest(seq, tokens, k, GREEDY)])[0]
                 first = eagle._seqs[seq].last_logits  # [Vs] the head's first draft step (its confidence)
                 p1 = float(torch.softmax(first, -1).max()) if first is not None else 0.0
-                tree_hit = any(parent == _accepted(hd.token_ids, truth) and tok == truth[parent]
-                               for parent, tok in hd.tree if parent < len(truth))  # fmt: skip
+                tree_hit = any(
+                    parent == _accepted(hd.token_ids, truth) and tok == truth[parent]
+                    for parent, tok in hd.tree
+                    if parent < len(truth)
+                )
                 src_pos = _match_origin(tokens, look, strength)
                 q_look = 0.0
                 if first is not None and look:
                     at = (head.vocab_ids == look[0]).nonzero()
                     q_look = float(torch.softmax(first, -1)[int(at[0, 0])]) if at.numel() else 0.0
-                rows.append({
-                    "category": p.category, "prompt": f"{Path(path).stem}:{p.id}", "t": t - P,
-                    "lookup_len": len(look), "lookup_acc": _accepted(look, truth), "match": strength,
-                    "ngram_n": nn, "suffix_depth": sn, "head_len": len(hd.token_ids),
-                    "head_acc": _accepted(hd.token_ids, truth) + int(tree_hit), "head_leaves": len(hd.tree),
-                    "head_p1": round(p1, 4), "same_first": bool(look and hd.token_ids and look[0] == hd.token_ids[0]),
-                    "prompt_len": P, "from_suffix": len(sd) >= len(nd) and bool(sd),
-                    "suffix_score": round(_suffix_score(suffix, seq, tokens, k), 4),
-                    "origin": src_pos, "head_q_look": round(q_look, 4),
-                    "suffix_global": sm.from_global, "suffix_match_depth": sm.depth,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "category": p.category,
+                        "prompt": f"{Path(path).stem}:{p.id}",
+                        "t": t - P,
+                        "lookup_len": len(look),
+                        "lookup_acc": _accepted(look, truth),
+                        "match": strength,
+                        "ngram_n": nn,
+                        "suffix_depth": sn,
+                        "head_len": len(hd.token_ids),
+                        "head_acc": _accepted(hd.token_ids, truth) + int(tree_hit),
+                        "head_leaves": len(hd.tree),
+                        "head_p1": round(p1, 4),
+                        "same_first": bool(look and hd.token_ids and look[0] == hd.token_ids[0]),
+                        "prompt_len": P,
+                        "from_suffix": len(sd) >= len(nd) and bool(sd),
+                        "suffix_score": round(_suffix_score(suffix, seq, tokens, k), 4),
+                        "origin": src_pos,
+                        "head_q_look": round(q_look, 4),
+                        "suffix_global": sm.from_global,
+                        "suffix_match_depth": sm.depth,
+                    }
+                )
             for d in (eagle, suffix, ngram):
                 d.release(seq)
     return rows
@@ -222,7 +238,9 @@ POLICIES: dict[str, Policy] = {
     "short matches: the head's if it is >= 0.5 sure of another first token": _confident_head,
     "short matches: lookup + head in one tree": _both,
     "global-trie drafts on a match < 4 do not keep the turn (auto now)": _own_evidence,
-    "oracle (the better of the two)": lambda r, st: "lookup" if r["lookup_acc"] >= r["head_acc"] and r["lookup_len"] else "head",
+    "oracle (the better of the two)": lambda r, st: (
+        "lookup" if r["lookup_acc"] >= r["head_acc"] and r["lookup_len"] else "head"
+    ),
 }
 
 
@@ -285,7 +303,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", type=Path, default=None, help="write the per-position rows here")
     ap.add_argument("--rows", type=Path, default=None, help="replay the rows of an earlier --json (no target run)")
-    ap.add_argument("--head-step", type=float, default=0.047, help="a head step, in one-token forwards (eagle_step_cost.py)")
+    ap.add_argument(
+        "--head-step", type=float, default=0.047, help="a head step, in one-token forwards (eagle_step_cost.py)"
+    )
     a = ap.parse_args()
     rows = json.loads(a.rows.read_text()) if a.rows is not None else study(a.prompts, a.k, a.max_new_tokens)
     if a.json is not None:

@@ -30,8 +30,11 @@ from draftgate.train.eagle import train_head
 from draftgate.train.eagle_config import EagleConfig
 from draftgate.train.states import States, generate_states
 
-DATA = ("src/draftgate/data/chat_train.jsonl", "src/draftgate/data/chat_written.jsonl",
-        "src/draftgate/data/translate_train.jsonl")  # fmt: skip  # the shipped head's data
+DATA = (
+    "src/draftgate/data/chat_train.jsonl",
+    "src/draftgate/data/chat_written.jsonl",
+    "src/draftgate/data/translate_train.jsonl",
+)  # the shipped head's data
 
 
 def _on(s: States, dev: torch.device) -> States:
@@ -60,16 +63,42 @@ def main() -> None:
     target = load_model(a.target)
     layers = default_feature_layers(target.config.num_layers)
     data = tuple(Path(p) for p in a.data)
-    base = EagleConfig(target=a.target, data=data, out=a.out, eval_data=Path(a.eval_data), steps=a.steps,
-                       batch=a.batch, max_new_tokens=a.max_new_tokens, continuations=a.continuations,
-                       device=a.device).validate()  # fmt: skip
+    base = EagleConfig(
+        target=a.target,
+        data=data,
+        out=a.out,
+        eval_data=Path(a.eval_data),
+        steps=a.steps,
+        batch=a.batch,
+        max_new_tokens=a.max_new_tokens,
+        continuations=a.continuations,
+        device=a.device,
+    ).validate()
     recs = [r for p in data for r in read_records(p)]
     t = time.perf_counter()
-    states = generate_states(target, recs, layers, base.top_k, a.max_new_tokens, base.max_len,
-                             continuations=a.continuations, temperature=base.sample_temperature, seed=0,
-                             batch=256 if dev.type == "cuda" else 32, device=dev)  # fmt: skip
-    eval_s = generate_states(target, read_records(Path(a.eval_data)), layers, base.top_k, a.max_new_tokens,
-                             base.max_len, device=dev, progress=False)  # fmt: skip
+    states = generate_states(
+        target,
+        recs,
+        layers,
+        base.top_k,
+        a.max_new_tokens,
+        base.max_len,
+        continuations=a.continuations,
+        temperature=base.sample_temperature,
+        seed=0,
+        batch=256 if dev.type == "cuda" else 32,
+        device=dev,
+    )
+    eval_s = generate_states(
+        target,
+        read_records(Path(a.eval_data)),
+        layers,
+        base.top_k,
+        a.max_new_tokens,
+        base.max_len,
+        device=dev,
+        progress=False,
+    )
     gen_s = time.perf_counter() - t
     tokens = sum(int(s.tokens.numel()) for s in states)
     print(f"data: {len(states)} sequences, {tokens} tokens in {gen_s:.1f} s ({tokens / gen_s:.0f} tokens/s) on {dev}")
@@ -80,19 +109,33 @@ def main() -> None:
     eval_dev = [_on(s, dev) for s in eval_s]
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    summary = {"device": str(dev), "data_sequences": len(states), "data_tokens": tokens, "data_seconds": round(gen_s, 1),
-               "steps": a.steps, "batch_1x": a.batch, "runs": rows}  # fmt: skip
+    summary = {
+        "device": str(dev),
+        "data_sequences": len(states),
+        "data_tokens": tokens,
+        "data_seconds": round(gen_s, 1),
+        "steps": a.steps,
+        "batch_1x": a.batch,
+        "runs": rows,
+    }
     for m in multiples:
         if a.budget_minutes is not None and time.perf_counter() - t0 > a.budget_minutes * 60:
             print(f"skipping {m}x: --budget-minutes {a.budget_minutes} spent")
             continue
         train_s = [s for i, s in enumerate(on_dev) if i % per < m]
         cfg = replace(base, out=a.out / f"x{m}", batch=a.batch * m, continuations=m)
-        rep = train_head(cfg, target, train_s, eval_dev, time.perf_counter(), progress=False,
-                         log=lambda s: None)  # fmt: skip
-        row = {"multiple": m, "sequences": len(train_s), "tokens": sum(int(s.tokens.numel()) for s in train_s),
-               "batch": cfg.batch, "steps": rep.steps, "agreement": rep.agreement_after,
-               "agreement_per_step": rep.agreement_per_step, "evals": rep.evals, "seconds": rep.seconds_train}  # fmt: skip
+        rep = train_head(cfg, target, train_s, eval_dev, time.perf_counter(), progress=False, log=lambda s: None)
+        row = {
+            "multiple": m,
+            "sequences": len(train_s),
+            "tokens": sum(int(s.tokens.numel()) for s in train_s),
+            "batch": cfg.batch,
+            "steps": rep.steps,
+            "agreement": rep.agreement_after,
+            "agreement_per_step": rep.agreement_per_step,
+            "evals": rep.evals,
+            "seconds": rep.seconds_train,
+        }
         rows.append(row)
         print(json.dumps(row))
         (a.out / "scaling.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -100,8 +143,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: r["multiple"]):
         a1, a2 = (r["agreement_per_step"] + [float("nan")])[:2]
-        print(f"| {r['multiple']}x | {r['sequences']} | {r['tokens']} | {r['batch']} x {r['steps']} | "
-              f"{a1:.3f} / {a2:.3f} | {r['seconds']:.0f} |")  # fmt: skip
+        print(
+            f"| {r['multiple']}x | {r['sequences']} | {r['tokens']} | {r['batch']} x {r['steps']} | "
+            f"{a1:.3f} / {a2:.3f} | {r['seconds']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--heads", type=Path, nargs="+", required=True, help="head folders (head.json + head.safetensors)")
-    ap.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL prompt files; rows with a category are split by it")
+    ap.add_argument(
+        "--prompts",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="JSONL prompt files; rows with a category are split by it",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=2, help="rollout steps to score (default: %(default)s)")
-    ap.add_argument("--full-vocab", action="store_true", help="also score every head over the whole vocabulary, and the subsets' coverage")
+    ap.add_argument(
+        "--full-vocab",
+        action="store_true",
+        help="also score every head over the whole vocabulary, and the subsets' coverage",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the table here")
     a = ap.parse_args()
 
@@ -49,7 +59,9 @@ def main() -> None:
         cats = [json.loads(line).get("category", "all") for line in path.read_text().splitlines() if line.strip()]
         states = generate_states(target, records, layers, top_k=1, max_new_tokens=a.max_new_tokens, max_len=512)
         if len(states) != len(cats):
-            raise SystemExit(f"{path}: {len(cats)} rows but {len(states)} usable prompts; shorten or drop the long ones")
+            raise SystemExit(
+                f"{path}: {len(cats)} rows but {len(states)} usable prompts; shorten or drop the long ones"
+            )
         for s, c in zip(states, cats, strict=True):
             groups[f"{path.stem}:{c}"].append(s)
     heads = {str(h): EagleHead.load(h, target.config, target.weights) for h in a.heads}

@@ -35,7 +35,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16", help="the native products' weight dtype")
-    ap.add_argument("--torch-products", action="store_true", help="the head's products on torch (float32), not native bf16")
+    ap.add_argument(
+        "--torch-products", action="store_true", help="the head's products on torch (float32), not native bf16"
+    )
     a = ap.parse_args()
     target = load_model("smollm2-135m")
     runner = ModelRunner(target, num_blocks=64)

@@ -57,11 +57,19 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--level", default=None, choices=list(LEVELS), help="native kernel level (default: this CPU's best)")
+    ap.add_argument(
+        "--level", default=None, choices=list(LEVELS), help="native kernel level (default: this CPU's best)"
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = EngineConfig(drafter=DrafterKind.NONE, dtype=a.dtype, kernels=Kernels(a.kernels), num_blocks=128,
-                       enable_prefix_cache=False, cache_dir=default_cache_dir()).validate()  # fmt: skip
+    cfg = EngineConfig(
+        drafter=DrafterKind.NONE,
+        dtype=a.dtype,
+        kernels=Kernels(a.kernels),
+        num_blocks=128,
+        enable_prefix_cache=False,
+        cache_dir=default_cache_dir(),
+    ).validate()
     loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     runner = build_runner(cfg, loaded)  # built here, in the main thread, as the engine's factory does
     if a.level is not None and isinstance(runner.model, NativeLlama):  # the same weights on another level
@@ -76,6 +84,7 @@ def main() -> int:
         if isinstance(runner.model, NativeLlama):
             runner.prefill(1, list(range(10, 10 + a.context)))
             for n in (1, 9):
+
                 def run(n: int = n) -> None:
                     for _ in range(10):
                         runner.forward([ForwardItem(1, [5] * n, n)])
@@ -88,8 +97,10 @@ def main() -> int:
     t.start()
     t.join()
     level = runner.model.lib.level if isinstance(runner.model, NativeLlama) else "-"
-    print(f"kernels {runner.kernels.value} ({level}), {a.dtype}, context {a.context}, {a.threads} threads, "
-          f"median of {a.reps * a.rounds} per width\n")  # fmt: skip
+    print(
+        f"kernels {runner.kernels.value} ({level}), {a.dtype}, context {a.context}, {a.threads} threads, "
+        f"median of {a.reps * a.rounds} per width\n"
+    )
     print("| n | ms | forward(n)/forward(1) |")
     print("|---:|---:|---:|")
     for n in widths:

@@ -62,14 +62,18 @@ def main() -> int:
         step_ms = decode_s / rounds * 1e3
         rows.append((step_ms, forward_ms, native_ms, c.completion_tokens / decode_s))
     step, fwd, nat, tps = (sorted(col)[len(col) // 2] for col in zip(*rows, strict=True))
-    print(f"drafter {a.drafter}, {a.tokens} tokens, batch 1, median of {a.runs} runs: {tps:.1f} tok/s decode, "
-          f"{c.stats.mean_accepted_length:.2f} tokens per round\n")  # fmt: skip
+    print(
+        f"drafter {a.drafter}, {a.tokens} tokens, batch 1, median of {a.runs} runs: {tps:.1f} tok/s decode, "
+        f"{c.stats.mean_accepted_length:.2f} tokens per round\n"
+    )
     print("| part of a step | ms | share of the one-token forward |")
     print("|---|---:|---:|")
     print(f"| native forward (C++) | {nat:.2f} | 100% |")
     print(f"| runner Python around it (batch, ctypes, logits) | {fwd - nat:.2f} | {(fwd - nat) / nat:.1%} |")
-    print(f"| engine bookkeeping (draft, verify, controller, stop, detok, stats, hand-off) | {step - fwd:.2f} "
-          f"| {(step - fwd) / nat:.1%} |")  # fmt: skip
+    print(
+        f"| engine bookkeeping (draft, verify, controller, stop, detok, stats, hand-off) | {step - fwd:.2f} "
+        f"| {(step - fwd) / nat:.1%} |"
+    )
     print(f"| **all overhead** | **{step - nat:.2f}** | **{(step - nat) / nat:.1%}** |")
 
     # Which Python functions the engine thread spends its time in (cProfile inside the thread).

@@ -108,31 +108,30 @@ def test_openai_arm_through_the_runner(tiny_model):
     from draftgate.bench.remote import OpenAIArm
 
     seen: list[dict] = []
-    arm = OpenAIArm(
-        parse_arm("openai+http://fake:1"), tiny_model.tokenizer, transport=_sse_server(seen)
-    )
+    arm = OpenAIArm(parse_arm("openai+http://fake:1"), tiny_model.tokenizer, transport=_sse_server(seen))
     prompts = [BenchPrompt("1", "c", ("hello", "world"))]
     res = run_bench(
-        {"openai+http://fake:1": arm},
-        prompts,
-        BenchConfig(SamplingParams(max_new_tokens=3), "openai+http://fake:1"),
+        {"openai+http://fake:1": arm}, prompts, BenchConfig(SamplingParams(max_new_tokens=3), "openai+http://fake:1")
     )
     assert [r.error for r in res.requests] == [None, None]
     r0, r1 = res.requests
     assert (r0.n_tokens, r0.text, r0.token_ids) == (3, "hello big world", None)
     assert r0.itl_s and len(r0.itl_s) == 2  # chunk 2 carried 2 tokens
-    assert (
-        seen[0]["model"] == "served-model"
-        and seen[0]["stream"] is True
-        and seen[0]["max_tokens"] == 3
-    )
+    assert seen[0]["model"] == "served-model" and seen[0]["stream"] is True and seen[0]["max_tokens"] == 3
     # turn 2's prompt carries the arm's own first answer
     assert "hello big world" in seen[-1]["prompt"]
 
 
 def _row(arm, cat, med, errors=0, acc=0.5):
-    return {"arm": arm, "category": cat, "load": "c=1", "errors": errors, "acceptance_rate": acc,
-            "mean_accepted_length": 2.0, "speedup": {"min": med - 0.1, "median": med, "max": med + 0.1}}  # fmt: skip
+    return {
+        "arm": arm,
+        "category": cat,
+        "load": "c=1",
+        "errors": errors,
+        "acceptance_rate": acc,
+        "mean_accepted_length": 2.0,
+        "speedup": {"min": med - 0.1, "median": med, "max": med + 0.1},
+    }
 
 
 def test_recommend_picks_best_lossless_arm_and_disables_losers():
@@ -140,25 +139,25 @@ def test_recommend_picks_best_lossless_arm_and_disables_losers():
         "meta": {"baseline": "plain"},
         "lossless": {"arms": {"suffix:k=8": {"mismatches": 2}}},
         "results": [
-            _row("plain", "code", 1.0), _row("ngram:k=2", "code", 1.4), _row("ngram:k=4", "code", 1.8),
-            _row("ngram:k=auto", "code", 1.5), _row("suffix:k=8", "code", 3.0),  # lossy: never chosen
-            _row("plain", "chat", 1.0), _row("ngram:k=2", "chat", 0.97), _row("ngram:k=auto", "chat", 1.02),
-            _row("plain", "rag", 1.0), _row("ngram:k=4", "rag", 1.50), _row("ngram:k=auto", "rag", 1.47),
-            _row("plain", "bad", 1.0), _row("ngram:k=4", "bad", math.nan),
+            _row("plain", "code", 1.0),
+            _row("ngram:k=2", "code", 1.4),
+            _row("ngram:k=4", "code", 1.8),
+            _row("ngram:k=auto", "code", 1.5),
+            _row("suffix:k=8", "code", 3.0),  # lossy: never chosen
+            _row("plain", "chat", 1.0),
+            _row("ngram:k=2", "chat", 0.97),
+            _row("ngram:k=auto", "chat", 1.02),
+            _row("plain", "rag", 1.0),
+            _row("ngram:k=4", "rag", 1.50),
+            _row("ngram:k=auto", "rag", 1.47),
+            _row("plain", "bad", 1.0),
+            _row("ngram:k=4", "bad", math.nan),
         ],
-    }  # fmt: skip
+    }
     recs = {r["category"]: r for r in recommend(report, min_speedup=1.05, auto_tolerance=0.03)}
-    assert (recs["code"]["enable"], recs["code"]["drafter"], recs["code"]["k"]) == (
-        True,
-        "ngram",
-        4,
-    )
+    assert (recs["code"]["enable"], recs["code"]["drafter"], recs["code"]["k"]) == (True, "ngram", 4)
     assert recs["code"]["expected_speedup"] == 1.8
-    assert (recs["chat"]["enable"], recs["chat"]["drafter"], recs["chat"]["k"]) == (
-        False,
-        "none",
-        0,
-    )
+    assert (recs["chat"]["enable"], recs["chat"]["drafter"], recs["chat"]["k"]) == (False, "none", 0)
     assert (recs["rag"]["k"], recs["rag"]["expected_speedup"]) == ("auto", 1.47)  # auto within 3%
     assert recs["bad"]["enable"] is False and recs["bad"]["expected_speedup"] is None
     assert "| c=1 | code | yes | ngram | 4 | 1.80x |" in format_recommendations(list(recs.values()))
@@ -166,15 +165,7 @@ def test_recommend_picks_best_lossless_arm_and_disables_losers():
 
 def test_sweep_arms():
     names = [s.name for s in sweep_arms(["ngram", "suffix"], [1, 4])]
-    assert names == [
-        "plain",
-        "ngram:k=1",
-        "ngram:k=4",
-        "ngram:k=auto",
-        "suffix:k=1",
-        "suffix:k=4",
-        "suffix:k=auto",
-    ]
+    assert names == ["plain", "ngram:k=1", "ngram:k=4", "ngram:k=auto", "suffix:k=1", "suffix:k=4", "suffix:k=auto"]
     with pytest.raises(ArmError):
         sweep_arms(["warp"], [1])
 
@@ -186,9 +177,7 @@ def test_update_doc_replaces_only_its_section(tmp_path: Path):
     doc.write_text(f"# Benchmarks\n\nintro\n\n{s}\nold\n{e}\n\nfooter\n")
     png = tmp_path / "speedup_by_category.png"
     png.write_bytes(b"png")
-    update_doc(
-        doc, "engine", "# DraftGate benchmark\n\n## c=1\n\n![s](speedup_by_category.png)\n", [png]
-    )
+    update_doc(doc, "engine", "# DraftGate benchmark\n\n## c=1\n\n![s](speedup_by_category.png)\n", [png])
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith(f"{e}\n\nfooter\n")
     assert "old" not in text and "## DraftGate benchmark" in text and "### c=1" in text

@@ -7,23 +7,31 @@ from pathlib import Path
 
 import pytest
 
-from draftgate.bench import (
-    BenchConfig,
-    build_arms,
-    build_report,
-    parse_arms,
-    run_bench,
-    write_report,
-)
+from draftgate.bench import BenchConfig, build_arms, build_report, parse_arms, run_bench, write_report
 from draftgate.bench.docs import markers
 from draftgate.bench.prompts import load_prompts
 from draftgate.engine import EngineConfig
 from draftgate.types import SamplingParams
 
 ROW_FIELDS = {
-    "arm", "category", "load", "requests", "errors", "tokens", "total_tps", "total_tps_per_run", "stream_tps",
-    "ttft_s", "itl_s", "e2e_s", "acceptance_rate", "mean_accepted_length", "speedup", "decode_speedup", "e2e_ratio",
-}  # fmt: skip
+    "arm",
+    "category",
+    "load",
+    "requests",
+    "errors",
+    "tokens",
+    "total_tps",
+    "total_tps_per_run",
+    "stream_tps",
+    "ttft_s",
+    "itl_s",
+    "e2e_s",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "speedup",
+    "decode_speedup",
+    "e2e_ratio",
+}
 DIST_FIELDS = {"p50", "p90", "p99", "mean"}
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,12 +42,7 @@ def prompt_file(tmp_path: Path) -> Path:
         {"question_id": 1, "category": "echo", "turns": ["hello world the world", "and the hello"]},
         {"question_id": 2, "category": "echo", "turns": ["the an is of and the an is of"]},
         {"prompt": "hello hello world", "category": "chat"},
-        {
-            "messages": [
-                {"role": "system", "content": "an"},
-                {"role": "user", "content": "world of the"},
-            ]
-        },
+        {"messages": [{"role": "system", "content": "an"}, {"role": "user", "content": "world of the"}]},
     ]
     f = tmp_path / "prompts.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -66,8 +69,14 @@ def test_live_bench_plain_vs_ngram(tiny_model, prompt_file, tmp_path):
     report = build_report(result, cfg, meta)
     files = write_report(report, result, tmp_path / "out")
     names = {f.name for f in files}
-    assert {"report.json", "report.md", "requests.jsonl", "speedup_by_category.png", "itl_distribution.png",
-            "throughput_vs_concurrency.png"} <= names  # fmt: skip
+    assert {
+        "report.json",
+        "report.md",
+        "requests.jsonl",
+        "speedup_by_category.png",
+        "itl_distribution.png",
+        "throughput_vs_concurrency.png",
+    } <= names
     assert all(f.stat().st_size > 0 for f in files)
 
     data = json.loads((tmp_path / "out" / "report.json").read_text())  # strict JSON (no NaN)
@@ -78,8 +87,9 @@ def test_live_bench_plain_vs_ngram(tiny_model, prompt_file, tmp_path):
     assert len(result.requests) == 5 * 2 * 2 * 2
     rows = data["results"]
     keys = {(r["arm"], r["category"], r["load"]) for r in rows}
-    assert keys == {(a, c, ld) for a in ("plain", "ngram") for c in ("echo", "chat", "default", "all")
-                    for ld in ("c=1", "c=2")}  # fmt: skip
+    assert keys == {
+        (a, c, ld) for a in ("plain", "ngram") for c in ("echo", "chat", "default", "all") for ld in ("c=1", "c=2")
+    }
     for r in rows:
         assert ROW_FIELDS <= set(r)
         assert DIST_FIELDS == set(r["ttft_s"]) == set(r["itl_s"]) == set(r["e2e_s"])
@@ -88,9 +98,7 @@ def test_live_bench_plain_vs_ngram(tiny_model, prompt_file, tmp_path):
         assert r["speedup"]["min"] <= r["speedup"]["median"] <= r["speedup"]["max"]
         assert len(r["total_tps_per_run"]) == 2
     all_c1 = {r["arm"]: r for r in rows if r["category"] == "all" and r["load"] == "c=1"}
-    assert (
-        all_c1["plain"]["tokens"] == all_c1["ngram"]["tokens"] == 5 * 8 * 2
-    )  # ignore_eos: 8 per turn
+    assert all_c1["plain"]["tokens"] == all_c1["ngram"]["tokens"] == 5 * 8 * 2  # ignore_eos: 8 per turn
     assert all_c1["plain"]["speedup"]["median"] == 1.0
     assert all_c1["plain"]["mean_accepted_length"] == 1.0  # plain decoding: one token per round
     assert all_c1["ngram"]["mean_accepted_length"] >= 1.0
@@ -125,8 +133,22 @@ def test_live_peers_hf_match_plain(tiny_model, prompt_file):
 def test_cli_bench_and_sweep(tiny_model_dir, prompt_file, tmp_path, capsys):
     from draftgate.cli.main import main
 
-    common = ["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "8",
-              "--runs", "1", "--kv-blocks", "128", "--device", "cpu", "--no-plots", "--ignore-eos"]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--prompts",
+        str(prompt_file),
+        "--max-new-tokens",
+        "8",
+        "--runs",
+        "1",
+        "--kv-blocks",
+        "128",
+        "--device",
+        "cpu",
+        "--no-plots",
+        "--ignore-eos",
+    ]
     doc = tmp_path / "BENCHMARKS.md"  # the real page's markers must work
     doc.write_text((REPO / "docs" / "BENCHMARKS.md").read_text())
     out = tmp_path / "bench"
@@ -186,30 +208,18 @@ def test_cli_bad_arm_is_a_clear_error(capsys):
 def test_real_model_auto_is_lossless(real_model, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(
-        json.dumps(
-            {
-                "prompt": "Repeat exactly: the quick brown fox jumps over the lazy dog.",
-                "category": "echo",
-            }
-        )
+        json.dumps({"prompt": "Repeat exactly: the quick brown fox jumps over the lazy dog.", "category": "echo"})
     )
     specs = parse_arms("plain,auto")
     built = build_arms(specs, EngineConfig(num_blocks=64), real_model)
     try:
-        result = run_bench(
-            built, load_prompts(f), BenchConfig(SamplingParams(max_new_tokens=16), "plain")
-        )
+        result = run_bench(built, load_prompts(f), BenchConfig(SamplingParams(max_new_tokens=16), "plain"))
     finally:
         for a in built.values():
             a.close()
     report = build_report(result, BenchConfig(SamplingParams(max_new_tokens=16), "plain"), {})
     assert report["errors"] == []
-    assert report["lossless"]["arms"]["auto"] == {
-        "compared": 1,
-        "mismatches": 0,
-        "unit": "token",
-        "examples": [],
-    }
+    assert report["lossless"]["arms"]["auto"] == {"compared": 1, "mismatches": 0, "unit": "token", "examples": []}
 
 
 def test_every_run_starts_from_the_same_drafter_memory(tiny_model, prompt_file):

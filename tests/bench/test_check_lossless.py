@@ -37,8 +37,14 @@ def engine_with(tiny_model: LoadedModel, tiny_draft_dir: Path) -> Iterator:  # t
     made: list[Engine] = []
 
     def make(drafter: DrafterKind, k: int | None) -> Engine:
-        cfg = EngineConfig(model="tiny", drafter=drafter, k=k, num_blocks=256, block_size=8,
-                           draft_model=str(tiny_draft_dir) if drafter is DrafterKind.MODEL else None)  # fmt: skip
+        cfg = EngineConfig(
+            model="tiny",
+            drafter=drafter,
+            k=k,
+            num_blocks=256,
+            block_size=8,
+            draft_model=str(tiny_draft_dir) if drafter is DrafterKind.MODEL else None,
+        )
         e = build_engine(cfg, loaded=tiny_model)
         made.append(e)
         return e
@@ -51,9 +57,16 @@ def engine_with(tiny_model: LoadedModel, tiny_draft_dir: Path) -> Iterator:  # t
 
 @pytest.mark.parametrize(
     ("drafter", "k"),
-    [(DrafterKind.NGRAM, 4), (DrafterKind.NGRAM, None), (DrafterKind.SUFFIX, None), (DrafterKind.AUTO, None),
-     (DrafterKind.MODEL, 4), (DrafterKind.MODEL, None), (DrafterKind.NONE, None)],
-)  # fmt: skip
+    [
+        (DrafterKind.NGRAM, 4),
+        (DrafterKind.NGRAM, None),
+        (DrafterKind.SUFFIX, None),
+        (DrafterKind.AUTO, None),
+        (DrafterKind.MODEL, 4),
+        (DrafterKind.MODEL, None),
+        (DrafterKind.NONE, None),
+    ],
+)
 def test_every_drafter_passes(engine_with, drafter: DrafterKind, k: int | None) -> None:  # type: ignore[no-untyped-def]
     engine = engine_with(drafter, k)
     report = check_lossless(engine, drafter.value, _cases(engine), SMALL)
@@ -89,7 +102,9 @@ def _accepts_every_sampled_draft(logits: torch.Tensor, drafts: Sequence[RoundDra
     emitted, accepted = list(out.emitted), list(out.accepted)
     for b, d in enumerate(drafts):
         if d.q is not None and d.temperature > 0 and d.token_ids:
-            emitted[b] = [*d.token_ids, out.emitted[b][-1]] if out.accepted[b] == len(d.token_ids) else list(d.token_ids)
+            emitted[b] = (
+                [*d.token_ids, out.emitted[b][-1]] if out.accepted[b] == len(d.token_ids) else list(d.token_ids)
+            )
             accepted[b] = len(d.token_ids)
     return RoundOutcome(emitted, accepted, [list(range(1, a + 1)) for a in accepted])
 
@@ -97,7 +112,9 @@ def _accepts_every_sampled_draft(logits: torch.Tensor, drafts: Sequence[RoundDra
 def test_a_planted_greedy_bug_fails_with_the_first_difference(engine_with, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     engine = engine_with(DrafterKind.NGRAM, 4)
     monkeypatch.setattr(local_target, "verify_round", _keeps_a_rejected_draft)
-    report = check_lossless(engine, "broken", _cases(engine), CheckConfig(max_new_tokens=24, sampling=False, ignore_eos=True))
+    report = check_lossless(
+        engine, "broken", _cases(engine), CheckConfig(max_new_tokens=24, sampling=False, ignore_eos=True)
+    )
     assert not report.passed
     first = report.first_failure
     assert first is not None and first.check == "greedy" and first.position is not None
@@ -117,17 +134,41 @@ def test_a_planted_sampling_bug_fails_the_distribution_test(engine_with, monkeyp
 # ------------------------------------------------------------------ the command
 
 
-def test_the_command_passes_and_prints_json(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_command_passes_and_prints_json(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:2]) + "\n")
-    rc = main(["check-lossless", "--model", str(tiny_model_dir), "--drafter", "ngram", "--k", "4", "--prompts", str(prompts),
-               "--max-new-tokens", "16", "--samples", "40", "--sample-tokens", "2", "--kv-blocks", "128", "--json"])  # fmt: skip
+    rc = main(
+        [
+            "check-lossless",
+            "--model",
+            str(tiny_model_dir),
+            "--drafter",
+            "ngram",
+            "--k",
+            "4",
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "16",
+            "--samples",
+            "40",
+            "--sample-tokens",
+            "2",
+            "--kv-blocks",
+            "128",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["passed"], out
     assert {f["check"] for f in out["findings"]} == {"greedy", "seeded", "distribution"}
 
 
-def test_the_command_picks_a_route_and_says_which_exist(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_command_picks_a_route_and_says_which_exist(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     routes = tmp_path / "routes.yaml"
     routes.write_text(
         f"routes:\n  - name: a\n    model: {tiny_model_dir}\n    drafter: suffix\n    kv_blocks: 128\n"
@@ -137,8 +178,24 @@ def test_the_command_picks_a_route_and_says_which_exist(tiny_model_dir: Path, ca
     assert "pick one with --route NAME (a, b)" in capsys.readouterr().err
     assert main(["check-lossless", "--routes", str(routes), "--route", "c"]) == 2
     assert "no route named 'c'" in capsys.readouterr().err
-    rc = main(["check-lossless", "--routes", str(routes), "--route", "b", "--limit", "2", "--max-new-tokens", "12",
-               "--greedy-only"])  # fmt: skip
+    rc = main(
+        [
+            "check-lossless",
+            "--routes",
+            str(routes),
+            "--route",
+            "b",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--greedy-only",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "route b (target embedded, drafter ngram" in out and "greedy        2/2 passed" in out and out.rstrip().endswith("PASSED")
+    assert (
+        "route b (target embedded, drafter ngram" in out
+        and "greedy        2/2 passed" in out
+        and out.rstrip().endswith("PASSED")
+    )

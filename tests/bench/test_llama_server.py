@@ -77,7 +77,7 @@ def test_env_binary_must_be_executable(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_a_server_that_dies_while_starting_is_an_arm_error(tmp_path: Path) -> None:
     exe = tmp_path / "llama-server"
-    exe.write_text("#!/bin/sh\necho \"bad flag: $*\"\nexit 3\n")
+    exe.write_text('#!/bin/sh\necho "bad flag: $*"\nexit 3\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(ArmError, match=r"(?s)status 3.*bad flag: --model m.gguf .*--threads 2 --threads-batch 2"):
         LlamaServer(exe, Path("m.gguf"), threads=2, ctx_size=64)

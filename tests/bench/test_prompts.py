@@ -7,13 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgate.bench.prompts import (
-    BenchPrompt,
-    PromptFileError,
-    builtin_prompts_path,
-    load_prompts,
-    parse_prompt_line,
-)
+from draftgate.bench.prompts import BenchPrompt, PromptFileError, builtin_prompts_path, load_prompts, parse_prompt_line
 
 
 def write(tmp_path: Path, lines: list[object]) -> Path:
@@ -23,9 +17,7 @@ def write(tmp_path: Path, lines: list[object]) -> Path:
 
 
 def test_mt_bench_shape():
-    p = parse_prompt_line(
-        json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]})
-    )
+    p = parse_prompt_line(json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]}))
     assert p == BenchPrompt("81", "writing", ("a", "b"))
 
 
@@ -61,10 +53,7 @@ def test_multi_turn_messages_include_own_answers():
         ('{"turns": ["ok", 3]}', "'turns' must be a non-empty list"),
         ('{"prompt": ""}', "'prompt' must be a non-empty string"),
         ('{"messages": [{"role": "user"}]}', "each message needs"),
-        (
-            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
-            "last message",
-        ),
+        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}', "last message"),
         ('{"prompt": "x", "category": 5}', "'category' must be"),
     ],
 )

@@ -22,20 +22,7 @@ from draftgate.bench.stats import (
 )
 
 
-def req(
-    arm="a",
-    cat="x",
-    pid="1",
-    turn=0,
-    run=0,
-    n=4,
-    ttft=0.1,
-    e2e=0.5,
-    itl=(),
-    ids=None,
-    text="",
-    **kw,
-):
+def req(arm="a", cat="x", pid="1", turn=0, run=0, n=4, ttft=0.1, e2e=0.5, itl=(), ids=None, text="", **kw):
     return RequestRecord(arm, cat, pid, turn, "c=1", run, n, ttft, e2e, list(itl), ids, text, **kw)
 
 
@@ -97,22 +84,10 @@ def test_group_by_keeps_first_seen_order():
 
 
 def test_speedups_are_per_run_total_throughput_ratios():
-    base = [
-        win("plain", 0, 2.0, 100),
-        win("plain", 0, 2.0, 100),
-        win("plain", 1, 1.0, 100),
-    ]  # 50, 100 tok/s
-    arm = [
-        win("spec", 0, 1.0, 100),
-        win("spec", 0, 1.0, 100),
-        win("spec", 1, 0.5, 100),
-    ]  # 100, 200 tok/s
+    base = [win("plain", 0, 2.0, 100), win("plain", 0, 2.0, 100), win("plain", 1, 1.0, 100)]  # 50, 100 tok/s
+    arm = [win("spec", 0, 1.0, 100), win("spec", 0, 1.0, 100), win("spec", 1, 0.5, 100)]  # 100, 200 tok/s
     assert speedups(arm, base) == {"min": 2.0, "median": 2.0, "max": 2.0}
-    arm2 = [
-        win("spec", 0, 2.0, 100),
-        win("spec", 1, 0.25, 100),
-        win("spec", 2, 1.0, 100),
-    ]  # run 2: no baseline
+    arm2 = [win("spec", 0, 2.0, 100), win("spec", 1, 0.25, 100), win("spec", 2, 1.0, 100)]  # run 2: no baseline
     assert speedups(arm2, base) == {"min": 1.0, "median": 2.5, "max": 4.0}
 
 
@@ -125,37 +100,15 @@ def test_decode_speedups_leave_prefill_out():
 
 
 def test_latency_ratios_use_median_e2e_per_run():
-    base = [
-        req(arm="p", e2e=1.0, run=0),
-        req(arm="p", e2e=3.0, run=0),
-        req(arm="p", e2e=1.0, run=1),
-    ]
+    base = [req(arm="p", e2e=1.0, run=0), req(arm="p", e2e=3.0, run=0), req(arm="p", e2e=1.0, run=1)]
     arm = [req(e2e=0.5, run=0), req(e2e=1.5, run=0), req(e2e=0.25, run=1)]
     assert latency_ratios(arm, base) == {"min": 0.25, "median": 0.375, "max": 0.5}
 
 
 def test_summarize_group_metrics():
     reqs = [
-        req(
-            n=10,
-            ttft=0.1,
-            e2e=1.0,
-            itl=[0.1] * 9,
-            rounds=4,
-            draft_tokens=12,
-            accepted_tokens=6,
-            emitted_tokens=10,
-        ),
-        req(
-            n=20,
-            ttft=0.3,
-            e2e=2.0,
-            itl=[0.2] * 19,
-            rounds=10,
-            draft_tokens=8,
-            accepted_tokens=2,
-            emitted_tokens=12,
-        ),
+        req(n=10, ttft=0.1, e2e=1.0, itl=[0.1] * 9, rounds=4, draft_tokens=12, accepted_tokens=6, emitted_tokens=10),
+        req(n=20, ttft=0.3, e2e=2.0, itl=[0.2] * 19, rounds=10, draft_tokens=8, accepted_tokens=2, emitted_tokens=12),
         req(n=0, error="boom"),
     ]
     wins = [win("a", 0, 3.0, 30), win("a", 1, 2.0, 30)]

@@ -40,7 +40,15 @@ def test_generate_json_plain_and_speculative_agree(tiny_model_dir: Path, capsys:
     rc, out, _ = _gen(capsys, *common, "--drafter", "none")
     assert rc == 0
     plain = json.loads(out)
-    assert set(plain) >= {"text", "token_ids", "prompt_tokens", "completion_tokens", "elapsed_s", "tokens_per_s", "spec"}
+    assert set(plain) >= {
+        "text",
+        "token_ids",
+        "prompt_tokens",
+        "completion_tokens",
+        "elapsed_s",
+        "tokens_per_s",
+        "spec",
+    }
     assert plain["spec"]["drafter"] == "none" and plain["spec"]["draft_tokens"] == 0
     assert plain["spec"]["mean_accepted_length"] == 1.0
     assert plain["completion_tokens"] == len(plain["token_ids"]) > 0
@@ -48,8 +56,13 @@ def test_generate_json_plain_and_speculative_agree(tiny_model_dir: Path, capsys:
     spec = json.loads(out)
     assert rc == 0 and spec["token_ids"] == plain["token_ids"]
     assert set(spec["spec"]) == {
-        "drafter", "rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length"
-    }  # fmt: skip
+        "drafter",
+        "rounds",
+        "draft_tokens",
+        "accepted_tokens",
+        "acceptance_rate",
+        "mean_accepted_length",
+    }
 
 
 def test_generate_streams_text(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,10 +104,24 @@ def test_console_script_on_bundled_model() -> None:
     r = subprocess.run(
         # Not "What is the capital of France?": on the model's own Q4_1 weights (the default) SmolLM2 answers that
         # in French, as llama.cpp's llama-server does on the same file.
-        [str(exe), "generate", "Name the capital city of France.", "--model", "smollm2-135m", "--drafter", "none",
-         "--max-new-tokens", "12", "--json", "--cache-dir", str(REPO / ".cache" / "models")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(exe),
+            "generate",
+            "Name the capital city of France.",
+            "--model",
+            "smollm2-135m",
+            "--drafter",
+            "none",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            "--cache-dir",
+            str(REPO / ".cache" / "models"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert "Paris" in data["text"]
@@ -109,11 +136,34 @@ def test_distill_eagle_then_generate_with_the_head(
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["hello world", "the a b", "1 2 3"]))
     more.write_text(json.dumps({"prompt": "is of"}) + "\n")
     out = tmp_path / "head"
-    rc = main(["distill", "--kind", "eagle", "--target", str(tiny_model_dir), "--data", str(data), str(more), "--out",
-               str(out), "--steps", "4", "--batch", "2", "--vocab-subset", "32", "--max-new-tokens", "8", "--json"])  # fmt: skip
+    rc = main(
+        [
+            "distill",
+            "--kind",
+            "eagle",
+            "--target",
+            str(tiny_model_dir),
+            "--data",
+            str(data),
+            str(more),
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+            "--batch",
+            "2",
+            "--vocab-subset",
+            "32",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and report["steps"] == 4 and (out / "head.json").is_file()
-    assert report["examples"] == 4 and json.loads((out / "head.json").read_text())["trained"]["data"] == f"{data} {more}"
+    assert (
+        report["examples"] == 4 and json.loads((out / "head.json").read_text())["trained"]["data"] == f"{data} {more}"
+    )
     common = ["hello world the", "--model", str(tiny_model_dir), "--max-new-tokens", "12", "--json", "--raw"]
     rc, plain, _ = _gen(capsys, *common, "--drafter", "none")
     rc2, spec, _ = _gen(capsys, *common, "--drafter", "eagle", "--draft-head", str(out), "--k", "3")
@@ -123,8 +173,21 @@ def test_distill_eagle_then_generate_with_the_head(
 
 def test_demo_pairs_runs_and_reports_the_range(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every built-in prompt, each run's ratio paired, identical outputs in every run."""
-    rc = main(["demo", "--model", str(tiny_model_dir), "--drafter", "ngram", "--k", "2", "--runs", "2",
-               "--max-new-tokens", "6"])  # fmt: skip
+    rc = main(
+        [
+            "demo",
+            "--model",
+            str(tiny_model_dir),
+            "--drafter",
+            "ngram",
+            "--k",
+            "2",
+            "--runs",
+            "2",
+            "--max-new-tokens",
+            "6",
+        ]
+    )
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "plain tok/s" not in line]
     assert rc == 0 and len(rows) == 6

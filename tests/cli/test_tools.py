@@ -64,9 +64,18 @@ def test_check_pair_missing_model_is_one_line(tiny_model_dir: Path, capsys: Capt
 def test_generate_refuses_a_mismatched_draft(tiny_model_dir: Path, tmp_path: Path, capsys: Capture) -> None:
     draft = swapped_vocab_draft(tiny_model_dir, tmp_path / "d")
     rc, _, err = _run(
-        capsys, "generate", "hello", "--model", str(tiny_model_dir), "--drafter", "model",
-        "--draft-model", str(draft), "--max-new-tokens", "2",
-    )  # fmt: skip
+        capsys,
+        "generate",
+        "hello",
+        "--model",
+        str(tiny_model_dir),
+        "--drafter",
+        "model",
+        "--draft-model",
+        str(draft),
+        "--max-new-tokens",
+        "2",
+    )
     line = _one_error_line(err)
     assert rc == 2 and "cannot draft for" in line and "vocab:" in line
 
@@ -76,15 +85,20 @@ def test_check_pair_bundled_model_with_itself(capsys: Capture) -> None:
     cache = str(REPO / ".cache" / "models")
     rc, out, _ = _run(capsys, "check-pair", "smollm2-135m", "smollm2-135m", "--cache-dir", cache, "--json")
     assert rc == 0 and json.loads(out) == {
-        "target": "smollm2-135m", "draft": "smollm2-135m", "ok": True, "findings": []
-    }  # fmt: skip
+        "target": "smollm2-135m",
+        "draft": "smollm2-135m",
+        "ok": True,
+        "findings": [],
+    }
 
 
 # ----------------------------------------------------------------- plan-memory
 
 
 def test_plan_memory_table(capsys: Capture) -> None:
-    rc, out, err = _run(capsys, "plan-memory", "--target", "llama-3-70b", "--draft", "llama-3-8b", "--gpu-memory", "192")
+    rc, out, err = _run(
+        capsys, "plan-memory", "--target", "llama-3-70b", "--draft", "llama-3-8b", "--gpu-memory", "192"
+    )
     assert rc == 0 and err == ""
     assert "target weights (70.55B params)" in out and "131.42" in out  # 141.1e9 bytes
     assert "target KV: 15 seqs x 4096 x 327,680 B/token" in out

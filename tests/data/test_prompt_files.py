@@ -25,9 +25,16 @@ def _norm(s: str) -> str:
 
 
 def test_training_prompts_are_disjoint_from_every_measured_prompt() -> None:
-    measured = {_norm(p) for f in (DATA / "chat_eval.jsonl", DATA / "prompts.jsonl", BENCH / "heldout.jsonl",
-                                   BENCH / "heldout_translation.jsonl")
-                for p in _first_turns(f)}  # fmt: skip
+    measured = {
+        _norm(p)
+        for f in (
+            DATA / "chat_eval.jsonl",
+            DATA / "prompts.jsonl",
+            BENCH / "heldout.jsonl",
+            BENCH / "heldout_translation.jsonl",
+        )
+        for p in _first_turns(f)
+    }
     for name in ("chat_train.jsonl", "chat_written.jsonl", "translate_train.jsonl"):
         train = [_norm(p) for p in _first_turns(DATA / name)]
         assert train, name
@@ -46,8 +53,11 @@ def test_the_written_chat_prompts_are_distinct_labelled_and_readable() -> None:
 
 def test_held_out_translation_sentences_are_in_no_training_prompt() -> None:
     # The training file phrases each sentence several ways, so compare the sentences themselves.
-    train = [_norm(p) for name in ("chat_train.jsonl", "chat_written.jsonl", "translate_train.jsonl")
-             for p in _first_turns(DATA / name)]  # fmt: skip
+    train = [
+        _norm(p)
+        for name in ("chat_train.jsonl", "chat_written.jsonl", "translate_train.jsonl")
+        for p in _first_turns(DATA / name)
+    ]
     held = _first_turns(BENCH / "heldout_translation.jsonl")
     assert len(held) == 10
     for p in held:

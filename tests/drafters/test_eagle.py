@@ -89,7 +89,10 @@ def test_the_engine_feeds_it_and_refuses_a_target_without_features(tiny_model: L
         res = eng.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True))
         plain = Engine(ModelRunner(tiny_model, num_blocks=64), None, k=0)
         try:
-            assert res.token_ids == plain.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
+            assert (
+                res.token_ids
+                == plain.complete([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=12, ignore_eos=True)).token_ids
+            )
         finally:
             plain.shutdown()
         assert res.stats.draft_tokens > 0

@@ -118,9 +118,7 @@ def test_bad_arguments_raise() -> None:
 
 
 @pytest.mark.parametrize("min_n,max_n,vocab", [(1, 4, 3), (2, 3, 5), (1, 1, 2), (3, 6, 4)])
-def test_incremental_equals_naive_reference_on_random_streams(
-    min_n: int, max_n: int, vocab: int
-) -> None:
+def test_incremental_equals_naive_reference_on_random_streams(min_n: int, max_n: int, vocab: int) -> None:
     rng = random.Random(1234 + 7 * min_n + max_n + vocab)
     d = NgramDrafter(min_n=min_n, max_n=max_n)
     hists: dict[int, list[int]] = {0: [], 1: []}

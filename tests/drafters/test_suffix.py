@@ -105,18 +105,14 @@ def _trie_counts(trie: _SuffixTrie) -> dict[Ctx, Counter[int]]:
     table: dict[Ctx, Counter[int]] = defaultdict(Counter)
 
     def visit(node: _Node, ctx: Ctx) -> None:
-        assert node.out == sum(
-            c.count if isinstance(c, _Node) else 1 for c in node.children.values()
-        )
+        assert node.out == sum(c.count if isinstance(c, _Node) else 1 for c in node.children.values())
         for tok, child in node.children.items():
             if isinstance(child, _Node):
                 table[ctx][tok] += child.count
                 visit(child, ctx + (tok,))
             else:
                 path = ctx
-                for i in range(
-                    child.pos, min(len(child.text), child.pos + trie.max_depth - len(ctx))
-                ):
+                for i in range(child.pos, min(len(child.text), child.pos + trie.max_depth - len(ctx))):
                     table[path][child.text[i]] += 1
                     path = path + (child.text[i],)
 
@@ -221,8 +217,7 @@ def test_bad_arguments_raise() -> None:
 
 
 @pytest.mark.parametrize(
-    "depth,min_prob,capacity,vocab",
-    [(24, 0.1, 40, 3), (5, 0.3, 25, 4), (3, 0.0, 0, 2), (8, 0.5, 60, 6)],
+    "depth,min_prob,capacity,vocab", [(24, 0.1, 40, 3), (5, 0.3, 25, 4), (3, 0.0, 0, 2), (8, 0.5, 60, 6)]
 )
 def test_incremental_equals_naive_reference_on_random_streams(
     depth: int, min_prob: float, capacity: int, vocab: int
@@ -250,9 +245,7 @@ def test_incremental_equals_naive_reference_on_random_streams(
         k = rng.randrange(7)
         assert _propose(d, hist, k, seq_id=seq) == ref.propose(seq, hist, k)
         assert d.global_tokens == sum(map(len, ref.global_texts))
-    assert _trie_counts(d._global) == {
-        c: n for c, n in _next_counts(list(ref.global_texts), depth).items() if n
-    }
+    assert _trie_counts(d._global) == {c: n for c, n in _next_counts(list(ref.global_texts), depth).items() if n}
 
 
 def test_long_history_keeps_few_active_suffixes() -> None:

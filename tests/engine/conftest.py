@@ -57,9 +57,7 @@ def make_tiny(tiny_model: LoadedModel) -> Iterator[Callable[..., Engine]]:
 @pytest.fixture(scope="module")
 def tiny_plain(tiny_model: LoadedModel) -> dict[str, list[list[int]]]:
     """Plain decoding references, one request at a time: greedy and each seeded sampling setting."""
-    eng = build_engine(
-        EngineConfig(drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model
-    )
+    eng = build_engine(EngineConfig(drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model)
     try:
         out = {}
         for name, params in TINY_SETTINGS.items():

@@ -66,9 +66,7 @@ def run_batch(
     return results
 
 
-def gather_generate(
-    engine: Engine, prompts: Sequence[list[int]], params: SamplingParams
-) -> list[list[int]]:
+def gather_generate(engine: Engine, prompts: Sequence[list[int]], params: SamplingParams) -> list[list[int]]:
     """The async API: asyncio.gather over generate(), one stream per prompt."""
 
     async def one(ids: list[int]) -> list[int]:
@@ -79,9 +77,7 @@ def gather_generate(
         return out
 
     async def all_() -> list[list[int]]:
-        return list(
-            await asyncio.wait_for(asyncio.gather(*(one(list(p)) for p in prompts)), WAIT_S)
-        )
+        return list(await asyncio.wait_for(asyncio.gather(*(one(list(p)) for p in prompts)), WAIT_S))
 
     return asyncio.run(all_())
 
@@ -106,9 +102,7 @@ def spec_engine(
     """An engine with drafter `kind` and K over base's runner (what build_engine does, minus the weights copy)."""
     cfg = EngineConfig(drafter=kind, k=k, k_max=k_max, draft_head=draft_head).validate()
     drafter = build_drafter(cfg, loaded)
-    return Engine(
-        base.runner, drafter, k=cfg.k if drafter else 0, k_max=cfg.k_max, max_batch=base.max_batch
-    )
+    return Engine(base.runner, drafter, k=cfg.k if drafter else 0, k_max=cfg.k_max, max_batch=base.max_batch)
 
 
 def engine_with(base: Engine, drafter: Drafter | None, k: int | None, k_max: int = 8) -> Engine:
@@ -126,17 +120,13 @@ def running(engine: Engine) -> Iterator[Engine]:
         engine.shutdown()
 
 
-
-def run_batch_allow_error(
-    eng: Engine, prompts: Sequence[list[int]], params: SamplingParams
-) -> list[Result]:
+def run_batch_allow_error(eng: Engine, prompts: Sequence[list[int]], params: SamplingParams) -> list[Result]:
     results = [Result() for _ in prompts]
     for ids, r in zip(prompts, results, strict=True):
         eng.submit(ids, params, r)
     for r in results:
         assert r.done.wait(WAIT_S)
     return results
-
 
 
 class OracleDrafter:
@@ -162,20 +152,15 @@ class OracleDrafter:
             h = list(r.tokens)
             ref = next((x for x in self.refs if x[: len(h)] == h), [])
             cont = ref[len(h) : len(h) + r.k]
-            cont = [
-                self.rng.randrange(3, 96) if self.rng.random() < self.noise else t for t in cont
-            ]
+            cont = [self.rng.randrange(3, 96) if self.rng.random() < self.noise else t for t in cont]
             out.append(Draft(token_ids=cont))
         return out
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         self.rounds.append((num_drafted, num_accepted))
 
     def release(self, seq_id: int) -> None:
         pass
-
 
 
 class FrozenCost(CostModel):
@@ -198,7 +183,6 @@ class FrozenCost(CostModel):
         pass
 
 
-
 def tiny_prompts(n: int, seed: int) -> list[list[int]]:
     """Random prompts with repeated segments (so prompt lookup finds something), 5..40 tokens."""
     rng = random.Random(seed)
@@ -214,14 +198,9 @@ TINY_PROMPTS = tiny_prompts(10, seed=2024)
 TINY_NEW = 40
 
 
-
 TINY_SETTINGS = {
     "greedy": SamplingParams(max_new_tokens=TINY_NEW, ignore_eos=True),
     "t0.8": SamplingParams(temperature=0.8, seed=5, max_new_tokens=TINY_NEW, ignore_eos=True),
-    "topk20": SamplingParams(
-        temperature=1.0, top_k=20, seed=6, max_new_tokens=TINY_NEW, ignore_eos=True
-    ),
-    "topp0.9": SamplingParams(
-        temperature=1.0, top_p=0.9, seed=7, max_new_tokens=TINY_NEW, ignore_eos=True
-    ),
+    "topk20": SamplingParams(temperature=1.0, top_k=20, seed=6, max_new_tokens=TINY_NEW, ignore_eos=True),
+    "topp0.9": SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_new_tokens=TINY_NEW, ignore_eos=True),
 }

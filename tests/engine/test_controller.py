@@ -9,13 +9,7 @@ from fractions import Fraction
 import pytest
 
 from draftgate.engine.acceptance import AcceptancePool, AcceptanceTracker
-from draftgate.engine.controller import (
-    DOWN_PROBE_EVERY,
-    EXPLORE,
-    FEW_CATCH_UPS,
-    FEW_PLAIN_TIMINGS,
-    GoodputController,
-)
+from draftgate.engine.controller import DOWN_PROBE_EVERY, EXPLORE, FEW_CATCH_UPS, FEW_PLAIN_TIMINGS, GoodputController
 from draftgate.engine.costs import CATCH_UP_RETRY, STALE_AFTER, CostModel
 
 K_MAX = 8
@@ -37,9 +31,7 @@ def feasibility(n: int) -> float:
     return _FEAS_POINTS[lo] + (_FEAS_POINTS[hi] - _FEAS_POINTS[lo]) * (n - lo) / (hi - lo)
 
 
-def measured(
-    curve: Callable[[int], float], sizes: range | list[int] = range(1, K_MAX + 2)
-) -> CostModel:
+def measured(curve: Callable[[int], float], sizes: range | list[int] = range(1, K_MAX + 2)) -> CostModel:
     """A cost model that has timed every size enough (down-probes then come every DOWN_PROBE_EVERY)."""
     cost = CostModel()
     for _ in range(FEW_PLAIN_TIMINGS):
@@ -142,12 +134,7 @@ def test_tracker_optimistic_alphas_are_wider_with_less_data() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        {"k_max": -1},
-        {"k_max": 4, "window": 0},
-        {"k_max": 4, "prior_alpha": 1.5},
-        {"k_max": 4, "prior_weight": 0.0},
-    ],
+    [{"k_max": -1}, {"k_max": 4, "window": 0}, {"k_max": 4, "prior_alpha": 1.5}, {"k_max": 4, "prior_weight": 0.0}],
 )
 def test_tracker_validates(kwargs: dict) -> None:
     with pytest.raises(ValueError):
@@ -207,7 +194,9 @@ def test_zero_acceptance_settles_then_probes_with_backoff() -> None:
     for i, gap in zip(probes[1:], gaps, strict=True):  # each probe paid for by the plain rounds before it
         assert linear(ks[i] + 1) - linear(1) <= EXPLORE * (gap - 1) * linear(1) + 1e-9
     assert [ks[i] for i in probes[-3:]] == [K_MAX] * 3  # at the longest back-off: probe_k, affordable
-    assert gaps[:4] == [17, 33, 65, 129] and set(gaps[4:]) == {129}  # the back-off doubles, capped at max_probe_interval
+    assert gaps[:4] == [17, 33, 65, 129] and set(gaps[4:]) == {
+        129
+    }  # the back-off doubles, capped at max_probe_interval
     snap = ctl.snapshot()
     assert snap["interval"] == 128 and 0 <= snap["zero_run"] <= 128
     assert snap["window_rounds"] <= 64
@@ -225,9 +214,7 @@ def test_low_acceptance_settles_to_zero(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_speculation_resumes_after_long_zero_stretch(seed: int) -> None:
     switch = 3000
-    _, ks, ctl = simulate(
-        lambda r: 0.05 if r < switch else 0.9, linear, switch + 600, seed, cost=measured(linear)
-    )
+    _, ks, ctl = simulate(lambda r: 0.05 if r < switch else 0.9, linear, switch + 600, seed, cost=measured(linear))
     assert sum(k > 0 for k in ks[switch - 1000 : switch]) < 100  # was plain decoding
     # the window is stale: at most ~3 probes at the longest back-off, then K >= 3 sustained
     limit = 3 * ctl.max_probe_interval + 50

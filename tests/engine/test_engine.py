@@ -178,8 +178,10 @@ def test_real_auto_picks_its_model_source(real_model: LoadedModel) -> None:
     default = build_drafter(auto, real_model)
     assert isinstance(default, AutoDrafter) and isinstance(default._model, ModelDrafter)  # noqa: SLF001
     assert default._model.name == "quant" and default.feature_layers == ()  # noqa: SLF001
-    for d in (build_drafter(replace(auto, dtype="auto"), _real_blocks(real_model)),
-              build_drafter(replace(auto, kernels=Kernels.TORCH), real_model)):  # fmt: skip
+    for d in (
+        build_drafter(replace(auto, dtype="auto"), _real_blocks(real_model)),
+        build_drafter(replace(auto, kernels=Kernels.TORCH), real_model),
+    ):
         assert isinstance(d, AutoDrafter) and isinstance(d._model, EagleDrafter)  # noqa: SLF001
         assert d.feature_layers == (2, 15, 30)
     off = build_drafter(replace(auto, draft_head="none"), real_model)
@@ -195,17 +197,22 @@ def real_bf16_engine(real_model: LoadedModel) -> Iterator[Engine]:
     """Plain decoding on SmolLM2 with bfloat16 weights (the native kernels compute in float32)."""
     cfg = EngineConfig(drafter=DrafterKind.NONE, dtype="bfloat16", num_blocks=160, max_batch=8)
     bf16 = LoadedModel(
-        real_model.config, {k: v.to(cfg.torch_dtype) if v.is_floating_point() else v for k, v in real_model.weights.items()},
-        real_model.tokenizer, real_model.source,
-    )  # fmt: skip
+        real_model.config,
+        {k: v.to(cfg.torch_dtype) if v.is_floating_point() else v for k, v in real_model.weights.items()},
+        real_model.tokenizer,
+        real_model.source,
+    )
     engine = build_engine(cfg, loaded=bf16)
     yield engine
     engine.shutdown()
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize(("kind", "k"), [(DrafterKind.NGRAM, 8), (DrafterKind.SUFFIX, 4), (DrafterKind.AUTO, None)],
-                         ids=["ngram-K8", "suffix-K4", "auto-Kauto"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [(DrafterKind.NGRAM, 8), (DrafterKind.SUFFIX, 4), (DrafterKind.AUTO, None)],
+    ids=["ngram-K8", "suffix-K4", "auto-Kauto"],
+)
 def test_real_bfloat16_speculation_equals_bfloat16_plain(
     real_bf16_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
 ) -> None:
@@ -244,7 +251,9 @@ def real_q4_engine(real_model: LoadedModel) -> Iterator[Engine]:
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize(("kind", "k"), [(DrafterKind.SUFFIX, 4), (DrafterKind.AUTO, None)], ids=["suffix-K4", "auto-Kauto"])
+@pytest.mark.parametrize(
+    ("kind", "k"), [(DrafterKind.SUFFIX, 4), (DrafterKind.AUTO, None)], ids=["suffix-K4", "auto-Kauto"]
+)
 def test_real_quantized_speculation_equals_quantized_plain(
     real_q4_engine: Engine, real_model: LoadedModel, real_ids: dict[str, list[int]], kind: DrafterKind, k: int | None
 ) -> None:
@@ -284,7 +293,12 @@ def test_real_seeded_sampling_speculative_equals_plain(
     prompts = [real_ids[GROUNDED], real_ids[CODE]]
     plain = [real_engine.complete(ids, params).token_ids for ids in prompts]
     head = str(shipped_head(real_model))  # auto with the draft head too (eagle takes it by default)
-    for kind, k in [(DrafterKind.NGRAM, 4), (DrafterKind.AUTO, None), (DrafterKind.EAGLE, 4), (DrafterKind.EAGLE, None)]:
+    for kind, k in [
+        (DrafterKind.NGRAM, 4),
+        (DrafterKind.AUTO, None),
+        (DrafterKind.EAGLE, 4),
+        (DrafterKind.EAGLE, None),
+    ]:
         with running(spec_engine(real_engine, real_model, kind, k, draft_head=head)) as eng:
             res = run_batch(eng, prompts, params)
         assert [r.token_ids for r in res] == plain, f"{kind.value} K={k} changed the seeded sample"
@@ -295,9 +309,7 @@ def test_real_seeded_sampling_speculative_equals_plain(
 def test_real_eos_inside_accepted_block(real_engine: Engine, real_model: LoadedModel) -> None:
     # The prompt ends with the answer followed by <|im_end|>: once the model has
     # written the answer, prompt lookup drafts EOS and the template tokens after it.
-    ids = real_engine.encode(
-        "Reply with exactly this sentence and nothing else: The capital of France is Paris."
-    )
+    ids = real_engine.encode("Reply with exactly this sentence and nothing else: The capital of France is Paris.")
     params = SamplingParams(max_new_tokens=40)
     plain = real_engine.complete(ids, params)
     assert plain.finish_reason == "stop" and plain.token_ids[-1] in real_engine.tokenizer.eos_ids
@@ -338,9 +350,7 @@ def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> 
     assert len(ids) > len(text.split())  # some characters do span several tokens
     params = SamplingParams(stop=("ok",))
     det = IncrementalText(StopChecker(tok, params))
-    parts = [det.delta(tok.decode, [t], final=False) for t in ids] + [
-        det.delta(tok.decode, [], True)
-    ]
+    parts = [det.delta(tok.decode, [t], final=False) for t in ids] + [det.delta(tok.decode, [], True)]
     assert all("\ufffd" not in p for p in parts)
     assert "".join(parts) == text[: text.index("ok")]
 
@@ -351,10 +361,7 @@ def test_real_incremental_text_never_splits_a_character(real_engine: Engine) -> 
 @pytest.mark.parametrize("k", [*range(1, 9), None], ids=_kid)
 @pytest.mark.parametrize("kind", [DrafterKind.NGRAM, DrafterKind.SUFFIX], ids=lambda d: d.value)
 def test_tiny_greedy_speculative_equals_plain(
-    make_tiny: Callable[..., Engine],
-    tiny_plain: dict[str, list[list[int]]],
-    kind: DrafterKind,
-    k: int | None,
+    make_tiny: Callable[..., Engine], tiny_plain: dict[str, list[list[int]]], kind: DrafterKind, k: int | None
 ) -> None:
     eng = make_tiny(kind, k, max_batch=len(TINY_PROMPTS))
     res = run_batch(eng, TINY_PROMPTS, TINY_SETTINGS["greedy"])
@@ -394,8 +401,7 @@ def test_tiny_seeds_reproducible_and_distinct(make_tiny: Callable[..., Engine]) 
         outs.append(tuple(a))
     assert len(set(outs)) >= 5, "different seeds should (almost surely) give different samples"
     unseeded = {
-        tuple(eng.complete(prompt, SamplingParams(temperature=1.0, max_new_tokens=20)).token_ids)
-        for _ in range(3)
+        tuple(eng.complete(prompt, SamplingParams(temperature=1.0, max_new_tokens=20)).token_ids) for _ in range(3)
     }
     assert len(unseeded) >= 2
 
@@ -408,8 +414,9 @@ def test_a_sampled_model_draft_gives_a_seed_the_same_tokens_alone_or_in_a_batch(
     follow the clock or the batch for a seeded request (it did: 2 of 24 seeded runs differed)."""
     eng = make_tiny(DrafterKind.MODEL, k, draft_model=str(tiny_draft_dir), max_batch=8)
     prompts = tiny_prompts(6, seed=5)
-    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i, max_new_tokens=40, ignore_eos=True)
-              for i in range(6)]  # fmt: skip
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i, max_new_tokens=40, ignore_eos=True) for i in range(6)
+    ]
     alone = [eng.complete(ids, p).token_ids for ids, p in zip(prompts, params, strict=True)]
     assert [eng.complete(prompts[0], params[0]).token_ids] == alone[:1]  # twice: the same
     results = [Result() for _ in prompts]
@@ -421,9 +428,7 @@ def test_a_sampled_model_draft_gives_a_seed_the_same_tokens_alone_or_in_a_batch(
     assert eng.stats.draft_tokens > 0
 
 
-def test_plain_engine_matches_a_naive_decode_loop(
-    make_tiny: Callable[..., Engine], tiny_model: LoadedModel
-) -> None:
+def test_plain_engine_matches_a_naive_decode_loop(make_tiny: Callable[..., Engine], tiny_model: LoadedModel) -> None:
     from draftgate.models.runner import ForwardItem, ModelRunner
 
     runner = ModelRunner(tiny_model, num_blocks=64, block_size=8, enable_prefix_cache=False)
@@ -435,10 +440,7 @@ def test_plain_engine_matches_a_naive_decode_loop(
             (lg,) = runner.forward([ForwardItem(i, [want[-1]])])
             want.append(int(lg[-1].argmax()))
         runner.free(i)
-        assert (
-            eng.complete(prompt, SamplingParams(max_new_tokens=25, ignore_eos=True)).token_ids
-            == want
-        )
+        assert eng.complete(prompt, SamplingParams(max_new_tokens=25, ignore_eos=True)).token_ids == want
 
 
 # ------------------------------------------------------------------ drafts that follow plain decoding
@@ -464,9 +466,7 @@ def test_tiny_jagged_acceptance_rollback_equals_plain(
 def _find_eos_prompt(eng: Engine) -> tuple[list[int], list[int]]:
     """A prompt whose greedy output hits EOS after a few tokens, with its plain output."""
     prompts = [p for seed in range(64) for p in tiny_prompts(1, seed=seed)]
-    for prompt, r in zip(
-        prompts, run_batch(eng, prompts, SamplingParams(max_new_tokens=40)), strict=True
-    ):
+    for prompt, r in zip(prompts, run_batch(eng, prompts, SamplingParams(max_new_tokens=40)), strict=True):
         if r.finish_reason == "stop" and len(r.token_ids) >= 6:
             return prompt, r.token_ids
     raise AssertionError("no tiny prompt stops by EOS")
@@ -519,9 +519,7 @@ def test_tiny_stop_string_equals_plain(
     assert plain.text == full[: full.index(stop)] and plain.finish_reason == "stop"
     spec = make_tiny(DrafterKind.NGRAM, 8).complete(TINY_PROMPTS[3], params)
     with running(engine_with(base, OracleDrafter([TINY_PROMPTS[3] + out]), k=8)) as eng:
-        oracle = eng.complete(
-            TINY_PROMPTS[3], params
-        )  # every draft accepted: the block runs past the stop
+        oracle = eng.complete(TINY_PROMPTS[3], params)  # every draft accepted: the block runs past the stop
     for c in (spec, oracle):
         assert (c.text, c.token_ids, c.finish_reason) == (plain.text, plain.token_ids, "stop")
         assert c.stats.emitted_tokens == len(c.token_ids) - 1  # the stop cut is not counted as emitted
@@ -560,10 +558,7 @@ def test_cancel_mid_stream_frees_everything(make_tiny: Callable[..., Engine]) ->
     assert res.finish_reason == "abort" and len(res.token_ids) < 200
     assert_no_leaks(eng)
     # The engine keeps serving.
-    assert eng.complete(TINY_PROMPTS[1], SamplingParams(max_new_tokens=5)).finish_reason in (
-        "length",
-        "stop",
-    )
+    assert eng.complete(TINY_PROMPTS[1], SamplingParams(max_new_tokens=5)).finish_reason in ("length", "stop")
 
 
 def test_cancel_before_admission_and_via_generate(make_tiny: Callable[..., Engine]) -> None:
@@ -642,15 +637,11 @@ def test_a_client_gone_with_its_event_loop_harms_no_one(make_tiny: Callable[...,
 
 
 def test_many_concurrent_requests_then_no_leaks(make_tiny: Callable[..., Engine]) -> None:
-    eng = make_tiny(
-        DrafterKind.AUTO, None, num_blocks=96, max_batch=8
-    )  # blocks for fewer than 30 at once
+    eng = make_tiny(DrafterKind.AUTO, None, num_blocks=96, max_batch=8)  # blocks for fewer than 30 at once
     rng = random.Random(3)
     prompts = tiny_prompts(30, seed=99)
     params = [
-        SamplingParams(
-            temperature=rng.choice([0.0, 0.7, 1.0]), seed=i, max_new_tokens=rng.randint(1, 30)
-        )
+        SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), seed=i, max_new_tokens=rng.randint(1, 30))
         for i in range(30)
     ]
     cancels = []
@@ -680,19 +671,14 @@ def test_target_failure_is_an_error_and_frees_kv(
         return real_forward(items)
 
     monkeypatch.setattr(eng.runner, "forward_flat", flaky)
-    res = run_batch_allow_error(
-        eng, TINY_PROMPTS[:2], SamplingParams(max_new_tokens=30, ignore_eos=True)
-    )
+    res = run_batch_allow_error(eng, TINY_PROMPTS[:2], SamplingParams(max_new_tokens=30, ignore_eos=True))
     assert {r.finish_reason for r in res} == {"error"}
     assert all("device lost" in (r.chunks[-1].error or "") for r in res)
     assert_no_leaks(eng)
     with pytest.raises(RuntimeError, match="device lost"):
         calls["n"] = 3
         eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=10, ignore_eos=True))
-    assert eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=10)).finish_reason in (
-        "length",
-        "stop",
-    )
+    assert eng.complete(TINY_PROMPTS[0], SamplingParams(max_new_tokens=10)).finish_reason in ("length", "stop")
     assert_no_leaks(eng)
 
 
@@ -706,10 +692,7 @@ class BrokenDrafter(OracleDrafter):
         self.culprit, self.mode, self.failures = culprit, mode, 0
 
     def _hit(self, r: DraftRequest) -> bool:
-        return (
-            list(r.tokens[: len(self.culprit)]) == self.culprit
-            and len(r.tokens) > len(self.culprit) + 3
-        )
+        return list(r.tokens[: len(self.culprit)]) == self.culprit and len(r.tokens) > len(self.culprit) + 3
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = super().propose(requests)
@@ -722,9 +705,7 @@ class BrokenDrafter(OracleDrafter):
             drafts[i] = Draft(token_ids=[96, 5] if self.mode == "bad-id" else [5] * (r.k + 1))
         return drafts
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         if self.mode == "observe" and list(tokens[: len(self.culprit)]) == self.culprit:
             self.failures += 1
             raise RuntimeError("drafter crashed in observe")
@@ -769,9 +750,7 @@ def test_failed_drafter_degrades_to_plain_decoding(
         SamplingParams(stop=("",)),
     ],
 )
-def test_out_of_range_params_rejected_at_submit(
-    make_tiny: Callable[..., Engine], params: SamplingParams
-) -> None:
+def test_out_of_range_params_rejected_at_submit(make_tiny: Callable[..., Engine], params: SamplingParams) -> None:
     eng = make_tiny(DrafterKind.NGRAM, 2)
     with pytest.raises(ValueError):
         eng.submit(TINY_PROMPTS[0], params, Result())
@@ -802,7 +781,9 @@ def test_full_queue_refuses_with_capacity_error(make_tiny: Callable[..., Engine]
     """The queue counts requests not yet running: with the one batch slot held, two wait and a third is refused."""
     eng = make_tiny(DrafterKind.NONE, max_queue=2, max_batch=1)
     held = Result()
-    cancel = eng.submit(TINY_PROMPTS[1], SamplingParams(max_new_tokens=3), held, ready=lambda: False)  # never takes a round
+    cancel = eng.submit(
+        TINY_PROMPTS[1], SamplingParams(max_new_tokens=3), held, ready=lambda: False
+    )  # never takes a round
     deadline = time.monotonic() + WAIT_S
     while not held.chunks:  # admitted: its first token came, it holds the only slot
         assert time.monotonic() < deadline
@@ -882,4 +863,3 @@ def test_nan_logits_end_that_request_with_a_clear_error(
     assert bad.finish_reason == "error" and "NaN or infinite logits" in (bad.chunks[-1].error or "")
     assert good.finish_reason == "length" and good.token_ids == tiny_plain["greedy"][0]
     assert_no_leaks(eng)
-

@@ -31,11 +31,12 @@ def test_mismatched_draft_is_refused_with_reasons(
 
 def test_disjoint_eos_is_refused(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     draft = make_variant(
-        tiny_model_dir, tmp_path / "d",
+        tiny_model_dir,
+        tmp_path / "d",
         tokenizer_config=lambda t: t.update(eos_token="<pad>"),
         config=lambda c: c.update(eos_token_id=0),
         generation_config=lambda g: g.update(eos_token_id=0),
-    )  # fmt: skip
+    )
     with pytest.raises(ModelLoadError, match="eos: end-of-sequence ids have nothing in common"):
         build_drafter(_cfg(draft), tiny_model)
 
@@ -50,10 +51,14 @@ def test_compatible_draft_builds_and_warnings_are_logged(
     assert "context: draft max_position_embeddings 64" in caplog.text
 
 
-@pytest.mark.parametrize(("kernels", "drafter", "warns"), [
-    (Kernels.TORCH, DrafterKind.NGRAM, True), (Kernels.TORCH, DrafterKind.NONE, False),
-    (Kernels.NATIVE, DrafterKind.NGRAM, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kernels", "drafter", "warns"),
+    [
+        (Kernels.TORCH, DrafterKind.NGRAM, True),
+        (Kernels.TORCH, DrafterKind.NONE, False),
+        (Kernels.NATIVE, DrafterKind.NGRAM, False),
+    ],
+)
 def test_torch_kernels_warn_that_greedy_identity_is_not_guaranteed(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture, kernels: Kernels, drafter: DrafterKind, warns: bool
 ) -> None:

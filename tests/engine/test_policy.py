@@ -67,7 +67,6 @@ def test_only_steady_state_draft_calls_are_priced(
     assert caught == []  # the prompt's catch-up came before any steady-state price, and so did every_other's
 
 
-
 class TwoSourceDrafter(OracleDrafter):
     """Two sources taking turns: the oracle (always accepted) and junk (never accepted)."""
 
@@ -95,7 +94,6 @@ class TwoSourceDrafter(OracleDrafter):
         return drafts
 
 
-
 def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engine]) -> None:
     """A drafter with sources (auto: lookups and a head): each source's acceptance is its own.
 
@@ -116,7 +114,6 @@ def test_each_draft_source_has_its_own_controller(make_tiny: Callable[..., Engin
     assert len(junk) >= 8 and max(good) == 8
     assert good_pool is not None and junk_pool is not None
     assert good_pool.alpha() > 0.9 and junk_pool.alpha() < 0.15, (good_pool.alpha(), junk_pool.alpha())
-
 
 
 def test_k_choice_sees_the_other_sequences_tokens_and_draft_calls_are_priced_per_request(

@@ -95,7 +95,9 @@ def test_scored_positions_are_the_models_own_log_probs(runner: ModelRunner, refe
 def test_top_n_is_how_many_alternatives_each_position_gets(runner: ModelRunner, reference: torch.Tensor) -> None:
     none = _score(runner, TOKENS, 15, 0)
     assert all(p.top_ids == [] and p.top_logprobs == [] for p in none)
-    assert [p.logprob for p in none[:-1]] == pytest.approx([float(reference[i - 1, TOKENS[i]]) for i in range(15, 20)], abs=1e-4)
+    assert [p.logprob for p in none[:-1]] == pytest.approx(
+        [float(reference[i - 1, TOKENS[i]]) for i in range(15, 20)], abs=1e-4
+    )
     most = _score(runner, TOKENS, 15, MAX_TOP_N)
     for p in most:
         assert len(p.top_ids) == len(set(p.top_ids)) == MAX_TOP_N
@@ -109,7 +111,9 @@ def test_offset_zero_scores_every_position_after_the_first(runner: ModelRunner, 
     assert [p.top_ids[0] for p in got] == reference.argmax(-1).tolist()
 
 
-def test_a_repeated_prefix_is_read_from_the_cache_with_the_same_result(runner: ModelRunner, tiny_model: LoadedModel) -> None:
+def test_a_repeated_prefix_is_read_from_the_cache_with_the_same_result(
+    runner: ModelRunner, tiny_model: LoadedModel
+) -> None:
     tokens = [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77]  # not used elsewhere
     first = _score(runner, tokens, 4, 3)
     hits = runner.kv.stats()["prefix_hit_tokens"]

@@ -48,11 +48,7 @@ def runner(tiny_model: LoadedModel) -> ModelRunner:
 
 
 def _seq(
-    runner: ModelRunner,
-    params: SamplingParams,
-    seed: int,
-    seq_id: int,
-    output: Sequence[int] = (X0,),
+    runner: ModelRunner, params: SamplingParams, seed: int, seq_id: int, output: Sequence[int] = (X0,)
 ) -> SequenceState:
     s = SequenceState(
         list(PROMPT),
@@ -66,7 +62,11 @@ def _seq(
 
 
 def _step(
-    target: LocalTarget, drafter, seqs: Sequence[SequenceState], ks: Sequence[int], hidden: Sequence[bool] | None = None  # noqa: ANN001
+    target: LocalTarget,
+    drafter,
+    seqs: Sequence[SequenceState],
+    ks: Sequence[int],
+    hidden: Sequence[bool] | None = None,  # noqa: ANN001
 ) -> list[Round]:
     """One speculative step with K fixed per sequence (``hidden``: the drafter failed on it before)."""
     policy = SpeculationPolicy(drafter, None, max([*ks, 1]))
@@ -144,14 +144,10 @@ class SampledDrafter:
         for r in requests:
             q = self.q
             q = q[: r.k] if isinstance(q, Tensor) else SparseQ(q.ids[: r.k], q.probs[: r.k])
-            out.append(
-                Draft(token_ids=_sample_drafts(self.q, r.k, self.g), q=q) if r.k else Draft([])
-            )
+            out.append(Draft(token_ids=_sample_drafts(self.q, r.k, self.g), q=q) if r.k else Draft([]))
         return out
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         pass
 
     def release(self, seq_id: int) -> None:
@@ -160,9 +156,7 @@ class SampledDrafter:
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense-q", "sparse-q"])
-def test_step_with_sampled_drafter_emits_target_distribution(
-    runner: ModelRunner, sparse: bool
-) -> None:
+def test_step_with_sampled_drafter_emits_target_distribution(runner: ModelRunner, sparse: bool) -> None:
     """The whole step (drafter -> batched ragged forward -> verify -> rollback) keeps the first token ~ p."""
     B, R, K = 32, 40, 3
     logits = _logits_after(runner, [X0, 17, 33])  # [K, V] by a plain forward
@@ -210,9 +204,7 @@ class FixedDrafter:
         self.asked += [(r.seq_id, r.k) for r in requests]
         return [self.drafts[r.seq_id] for r in requests]
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         pass
 
     def release(self, seq_id: int) -> None:
@@ -271,8 +263,18 @@ def test_step_ragged_batch_rolls_back_each_sequence(runner: ModelRunner) -> None
         Draft(token_ids=[1], q=torch.full((1, V), 2.0 / V)),  # dense, sums to 2
         None,  # the drafter raises for this sequence
     ],
-    ids=["too-long", "bad-id", "q-shape", "sparse-bad-id", "q-not-normalised", "q-negative", "q-nan",
-         "token-outside-q", "dense-q-not-normalised", "raises"],  # fmt: skip
+    ids=[
+        "too-long",
+        "bad-id",
+        "q-shape",
+        "sparse-bad-id",
+        "q-not-normalised",
+        "q-negative",
+        "q-nan",
+        "token-outside-q",
+        "dense-q-not-normalised",
+        "raises",
+    ],
 )
 def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | None) -> None:
     good = Draft(token_ids=[17, 33, 17])
@@ -299,9 +301,7 @@ def test_bad_draft_costs_only_its_sequence(runner: ModelRunner, bad: Draft | Non
             runner.free(sid)
 
 
-def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_nothing(
-    runner: ModelRunner,
-) -> None:
+def test_a_drafter_failing_on_a_non_drafting_sequence_costs_the_drafting_one_nothing(runner: ModelRunner) -> None:
     """The culprit may be a sequence with k = 0 in the call: the one drafting sequence is asked alone.
 
     (Before the fix, a batch with one drafting sequence was never retried, so a failed drafter's
@@ -405,7 +405,11 @@ def test_a_draft_tree_is_skipped_without_blocks_to_spare(tiny_model: LoadedModel
         c = plain[1:]
         d = Draft([(c[0] + 1) % V, 3, 4], tree=((0, c[0]), (4, c[1]), (5, c[2])))
         res = _step(LocalTarget(small), FixedDrafter({1: d}), [s], [3])
-        assert [x.accepted for x in res] == [accepted] and s.output == plain[: accepted + 2] and small.kv.num_sequences == 1
+        assert (
+            [x.accepted for x in res] == [accepted]
+            and s.output == plain[: accepted + 2]
+            and small.kv.num_sequences == 1
+        )
         ran = 3 if accepted else 0  # a skipped tree ran no rows: none counted, none priced
         assert [x.branch_rows for x in res] == [ran] and sum(x.rows for x in res) == 4 + ran
     finally:

@@ -262,9 +262,7 @@ def test_random_ops_against_reference_model(seed: int) -> None:
         if op < 0.2 or not live:
             # Shared system prompts, or a live conversation continued (multi-turn reuse).
             base = rng.choice(prefixes) if rng.random() < 0.5 or not live else ref[rng.choice(live)]
-            prompt = base + [
-                rng.randrange(3) for _ in range(rng.randrange(1 if not base else 0, 6))
-            ]
+            prompt = base + [rng.randrange(3) for _ in range(rng.randrange(1 if not base else 0, 6))]
             sid, next_id = next_id, next_id + 1
             hit = kv.add_sequence(sid, prompt)
             assert hit % BS == 0 and hit <= len(prompt) - 1

@@ -50,9 +50,16 @@ def test_same_size_vocab_with_swapped_ids_is_an_error(
 def test_extra_token_reports_size_difference(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     def add_token(tok: dict[str, Any]) -> None:
         tok["added_tokens"].append(
-            {"id": 96, "content": "<extra>", "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
-        )  # fmt: skip
+            {
+                "id": 96,
+                "content": "<extra>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
 
     f = _only(_pair(tiny_model, tiny_model_dir, tmp_path, tokenizer=add_token))
     assert f.check == "vocab" and "draft 97 (+1)" in f.reason and "'<extra>' (id 96) only in the draft" in f.reason
@@ -79,11 +86,13 @@ def test_different_bos_is_an_error(tiny_model: LoadedModel, tiny_model_dir: Path
 
 def test_disjoint_eos_is_an_error(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     report = _pair(
-        tiny_model, tiny_model_dir, tmp_path,
+        tiny_model,
+        tiny_model_dir,
+        tmp_path,
         tokenizer_config=lambda t: t.update(eos_token="<pad>"),
         config=lambda c: c.update(eos_token_id=0),
         generation_config=lambda g: g.update(eos_token_id=0),
-    )  # fmt: skip
+    )
     assert [f.check for f in report.errors] == ["eos"]
     assert "target 2 ('</s>'), draft 0 ('<pad>')" in report.errors[0].reason
 
@@ -124,7 +133,9 @@ def test_draft_template_failing_or_missing_is_a_warning(
     tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     broken = "{% for m in messages %}{{ m['missing'].x }}{% endfor %}" + TINY_TEMPLATE_TAIL
-    report = _pair(tiny_model, tiny_model_dir, tmp_path / "a", tokenizer_config=lambda t: t.update(chat_template=broken))
+    report = _pair(
+        tiny_model, tiny_model_dir, tmp_path / "a", tokenizer_config=lambda t: t.update(chat_template=broken)
+    )
     f = _only(report)
     assert report.ok and f.severity == "warning" and "the draft's template fails on the 'user' sample" in f.reason
     report = _pair(tiny_model, tiny_model_dir, tmp_path / "b", tokenizer_config=lambda t: t.pop("chat_template"))
@@ -148,26 +159,27 @@ def _subset_weights(ids: list[int]) -> Any:
     return edit
 
 
-def test_vocab_subset_is_compatible_and_reported(
-    tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_vocab_subset_is_compatible_and_reported(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     report = _pair(tiny_model, tiny_model_dir, tmp_path / "a", weights=_subset_weights(list(range(40))))
     f = _only(report)
     assert report.ok and (f.severity, f.check) == ("info", "vocab_subset") and "subset of 40 of the 96" in f.reason
     # Without the end-of-sequence id the draft can never propose the end of a turn: a warning.
     report = _pair(tiny_model, tiny_model_dir, tmp_path / "b", weights=_subset_weights([0, 1, *range(3, 40)]))
     assert report.ok and [(f.severity, f.check) for f in report.findings] == [
-        ("info", "vocab_subset"), ("warning", "vocab_subset")
-    ]  # fmt: skip
+        ("info", "vocab_subset"),
+        ("warning", "vocab_subset"),
+    ]
     assert "lacks end-of-sequence ids 2 ('</s>')" in report.findings[1].reason
 
 
 def test_report_json_lists_every_finding(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     report = _pair(
-        tiny_model, tiny_model_dir, tmp_path,
+        tiny_model,
+        tiny_model_dir,
+        tmp_path,
         tokenizer=lambda t: t["model"]["vocab"].update(hello=9, the=7),
         config=lambda c: c.update(max_position_embeddings=64),
-    )  # fmt: skip
+    )
     js = report.to_json()
     assert js["ok"] is False
     assert [(f["severity"], f["check"]) for f in js["findings"]] == [("error", "vocab"), ("warning", "context")]

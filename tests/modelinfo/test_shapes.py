@@ -47,8 +47,18 @@ def test_named_smollm2_matches_the_bundled_model(real_model: LoadedModel) -> Non
     assert real_model.config.tie_word_embeddings  # tied: lm_head is not counted twice
     assert real_model.config.num_params == sum(w.numel() for w in real_model.weights.values())
     named, real = NAMED_SHAPES["smollm2-135m"], real_model.config
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                  "head_dim", "max_position_embeddings", "tie_word_embeddings", "rope_theta"):  # fmt: skip
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "rope_theta",
+    ):
         assert getattr(named, field) == getattr(real, field), field
     assert resolve_shape(str(real_model.source)).num_params == named.num_params  # GGUF metadata only
     assert "smollm2-135m" in KNOWN_MODELS
@@ -89,8 +99,13 @@ def test_gguf_metadata(tmp_path: Path, with_output: bool) -> None:
     _write_gguf(path, with_output)
     cfg = resolve_shape(str(path))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
-        100, 64, 2, 4, 2, 16
-    )  # fmt: skip
+        100,
+        64,
+        2,
+        4,
+        2,
+        16,
+    )
     assert cfg.max_position_embeddings == 512 and cfg.tie_word_embeddings is not with_output
 
 
@@ -111,6 +126,14 @@ def test_bad_shapes_are_clear_errors(tmp_path: Path, make, needle: str) -> None:
 
 def test_named_shapes_are_model_configs() -> None:
     assert all(isinstance(c, ModelConfig) for c in NAMED_SHAPES.values())
-    required = {"llama-3-70b", "llama-3-8b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-405b",
-                "smollm2-135m", "smollm2-360m", "smollm2-1.7b"}  # fmt: skip
+    required = {
+        "llama-3-70b",
+        "llama-3-8b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
+        "llama-3.1-405b",
+        "smollm2-135m",
+        "smollm2-360m",
+        "smollm2-1.7b",
+    }
     assert required <= set(NAMED_SHAPES)

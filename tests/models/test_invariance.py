@@ -83,9 +83,11 @@ def test_real_model_logits_are_batch_invariant(real_model: LoadedModel, dtype: t
         model = replace(real_model, blocks=load_blocks(real_model.gguf_path, cfg.num_heads, cfg.num_kv_heads, cache))
     elif dtype != torch.float32:
         model = LoadedModel(
-            model.config, {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.weights.items()},
-            model.tokenizer, model.source,
-        )  # fmt: skip
+            model.config,
+            {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.weights.items()},
+            model.tokenizer,
+            model.source,
+        )
     runner = ModelRunner(model, num_blocks=64, block_size=16, enable_prefix_cache=False)
     assert runner.kernels is Kernels.NATIVE  # the CPU default
     assert isinstance(runner.model, NativeLlama)

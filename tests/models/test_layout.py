@@ -38,9 +38,13 @@ def batches(draw: st.DrawFn) -> RaggedBatch:
         new_lens.append(n)
         ctx_lens.append(S)
     return RaggedBatch(
-        tokens=[1] * sum(new_lens), new_lens=new_lens, ctx_lens=ctx_lens,
-        logits_per_seq=[draw(st.integers(1, n)) for n in new_lens], block_tables=tables, block_size=bs,
-    )  # fmt: skip
+        tokens=[1] * sum(new_lens),
+        new_lens=new_lens,
+        ctx_lens=ctx_lens,
+        logits_per_seq=[draw(st.integers(1, n)) for n in new_lens],
+        block_tables=tables,
+        block_size=bs,
+    )
 
 
 @settings(max_examples=200, deadline=None)

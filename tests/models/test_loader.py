@@ -25,10 +25,52 @@ TEXTS = [
 CHAT = [{"role": "user", "content": "What is 12345 + 6789?"}]
 # transformers' GGUF tokenizer on SmolLM2's template for CHAT (checked in test_tokenizer_matches_transformers).
 CHAT_IDS = [
-    1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
-    19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 216, 33, 34, 35, 36, 37, 1232, 216, 38, 39, 40,
-    41, 47, 2, 198, 1, 520, 9531, 198,
-]  # fmt: skip
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    216,
+    33,
+    34,
+    35,
+    36,
+    37,
+    1232,
+    216,
+    38,
+    39,
+    40,
+    41,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 
 
 def gguf_location() -> tuple[Path, str]:
@@ -86,16 +128,12 @@ def test_tokenizer_matches_transformers(real_model: LoadedModel) -> None:
 
 @pytest.mark.real_model
 @pytest.mark.slow
-def test_gguf_weights_match_transformers_dequantization(
-    real_model: LoadedModel, hf_reference
-) -> None:
+def test_gguf_weights_match_transformers_dequantization(real_model: LoadedModel, hf_reference) -> None:
     """Dequantization and the Q/K un-permutation agree with transformers' own GGUF reader (~20 s)."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, fname = gguf_location()
-    parsed = load_gguf_checkpoint(
-        str(folder / fname), return_tensors=True, model_to_load=hf_reference(real_model)
-    )
+    parsed = load_gguf_checkpoint(str(folder / fname), return_tensors=True, model_to_load=hf_reference(real_model))
     ref = parsed["tensors"]
     assert set(ref) == set(real_model.weights)
     for name, w in real_model.weights.items():
@@ -105,9 +143,7 @@ def test_gguf_weights_match_transformers_dequantization(
 # ------------------------------------------------------------------------ HF folders
 
 
-def test_hf_folder_round_trip(
-    tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_hf_folder_round_trip(tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "copy"
     save_hf_folder(tiny_model, out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -125,27 +161,33 @@ def test_hf_folder_round_trip(
 
 def test_tiny_tokenizer_and_template(tiny_model: LoadedModel) -> None:
     tok = tiny_model.tokenizer
-    assert (
-        tok.apply_chat_template([{"role": "user", "content": "hello"}])
-        == "<s>user\nhello</s>\n<s>assistant\n"
-    )
+    assert tok.apply_chat_template([{"role": "user", "content": "hello"}]) == "<s>user\nhello</s>\n<s>assistant\n"
     assert tok.encode_chat([{"role": "user", "content": "hello"}]) == [1, 4, 7, 2, 1, 5]
     assert tok.eos_ids == (2,) and tok.vocab_size == tiny_model.config.vocab_size == 96
 
 
 def test_rope_settings_from_either_hf_config_style() -> None:
     """transformers >= 5 writes "rope_parameters"; older configs use rope_theta + rope_scaling."""
-    base = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 1, "num_attention_heads": 2}  # fmt: skip
-    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}  # fmt: skip
+    base = {
+        "model_type": "llama",
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     old = ModelConfig.from_hf({**base, "rope_theta": 500000.0, "rope_scaling": scaling})
     new = ModelConfig.from_hf({**base, "rope_parameters": {**scaling, "rope_theta": 500000.0}})
     assert old == new and new.rope_theta == 500000.0
     assert new.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
-    plain = ModelConfig.from_hf(
-        {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
-    )
+    plain = ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
     assert plain.rope_theta == 1e6 and plain.rope_scaling is None
 
 
@@ -178,8 +220,15 @@ def _no_config(tmp: Path) -> Path:
 
 
 def _gpt2_config(tmp: Path) -> Path:
-    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
-           "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12}  # fmt: skip
+    cfg = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": 50257,
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+    }
     (tmp / "config.json").write_text(json.dumps(cfg))
     return tmp
 

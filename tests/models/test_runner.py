@@ -42,9 +42,7 @@ def test_prefix_cache_reuse_matches_uncached(tiny_model: LoadedModel, shared: in
     hit = cached_runner.add_sequence(1, second)
     # Only full blocks of the common prefix are reused, and never the last prompt token.
     assert hit == min(shared // BS, (len(second) - 1) // BS) * BS > 0
-    assert (
-        cached_runner.kv.block_table(1)[: hit // BS] == cached_runner.kv.block_table(0)[: hit // BS]
-    )
+    assert cached_runner.kv.block_table(1)[: hit // BS] == cached_runner.kv.block_table(0)[: hit // BS]
     rest = second[hit:]
     (got,) = cached_runner.forward([ForwardItem(1, rest, num_logits=len(rest))])
 
@@ -94,9 +92,7 @@ def test_random_workload_matches_hf_and_leaks_nothing(tiny_model: LoadedModel, h
                 if next_id >= 40:
                     continue
                 base = live[rng.choice(list(live))] if live and rng.random() < 0.5 else []
-                prompt = base[: rng.randint(0, len(base))] + tokens(
-                    rng.randint(1, 12), rng.random()
-                )
+                prompt = base[: rng.randint(0, len(base))] + tokens(rng.randint(1, 12), rng.random())
                 last = runner.prefill(next_id, prompt)  # frees the sequence itself if it fails
                 live[next_id] = prompt
                 check(next_id, last[None])

@@ -47,8 +47,12 @@ def test_check_lossless_over_grpc_and_an_http_draft_worker(
     with serve_app(create_draft_app(service)) as url:
         engine = RemoteTargetEngine([target_worker.target], tiny_model.tokenizer, HttpDrafter(url, timeout_s=5.0), k=k)
         try:
-            cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False)) for i, p in enumerate(PROMPTS)]
-            cfg = CheckConfig(max_new_tokens=20, seeds=(5, 6), samples=80, sample_tokens=3, ignore_eos=True, concurrency=4)
+            cases = [
+                CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False)) for i, p in enumerate(PROMPTS)
+            ]
+            cfg = CheckConfig(
+                max_new_tokens=20, seeds=(5, 6), samples=80, sample_tokens=3, ignore_eos=True, concurrency=4
+            )
             report = check_lossless(engine, f"grpc + http {draft}", cases, cfg)
             assert report.passed, render(report)
             assert {f.check for f in report.findings} == {"greedy", "seeded", "distribution"}
@@ -62,7 +66,9 @@ def test_check_lossless_over_grpc_and_an_http_draft_worker(
     target_worker.host.runner.kv.check_no_leaks()
 
 
-def test_the_gateways_lossless_canary_checks_a_grpc_route(tiny_model: LoadedModel, target_worker: TargetWorkerServer) -> None:
+def test_the_gateways_lossless_canary_checks_a_grpc_route(
+    tiny_model: LoadedModel, target_worker: TargetWorkerServer
+) -> None:
     """The canary re-runs greedy speculative requests plainly on the same back end: on a gRPC
     route it used to do nothing (rerun_plain returned None) while the admin API took a fraction."""
     import httpx

@@ -209,7 +209,10 @@ def test_sparse_q_rounds_verify_exactly_as_the_engine(tiny_model, plain, start_w
             params = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=30, ignore_eos=True)
             want, got = embedded.complete(prompt, params), remote.complete(prompt, params)
             assert got.token_ids == want.token_ids, prompt
-            assert (got.stats.draft_tokens, got.stats.accepted_tokens) == (want.stats.draft_tokens, want.stats.accepted_tokens)
+            assert (got.stats.draft_tokens, got.stats.accepted_tokens) == (
+                want.stats.draft_tokens,
+                want.stats.accepted_tokens,
+            )
             drafted += got.stats.draft_tokens
         assert drafted > 0 and remote.stats.accepted_tokens > 0  # both verify paths ran
         assert remote.wire.max_round_bytes > 40  # q rows travelled
@@ -374,9 +377,11 @@ def test_bad_input(tiny_model, start_worker, make_remote) -> None:  # type: igno
         # the round decodes plainly and the session goes on.
         opened = pb.SessionRequest(open=pb.Open(prompt=[1, 5], params=params, max_draft_tokens=2))
         plain = list(stub.Session(iter([opened, pb.SessionRequest(round=pb.Round())])))
-        for bad in (pb.Round(draft=[7], q=[pb.SparseRow(ids=[8, 9], probs=[0.5, 0.5])]),
-                    pb.Round(draft=[7], q=[pb.SparseRow(ids=[7, 9], probs=[0.5, 0.9])]),
-                    pb.Round(draft=[V + 3])):  # fmt: skip
+        for bad in (
+            pb.Round(draft=[7], q=[pb.SparseRow(ids=[8, 9], probs=[0.5, 0.5])]),
+            pb.Round(draft=[7], q=[pb.SparseRow(ids=[7, 9], probs=[0.5, 0.9])]),
+            pb.Round(draft=[V + 3]),
+        ):
             got = list(stub.Session(iter([opened, pb.SessionRequest(round=bad)])))
             assert [list(r.tokens) for r in got] == [list(r.tokens) for r in plain]
             assert got[1].num_accepted == 0

@@ -45,7 +45,9 @@ def test_sampling_is_refused_without_allow_approximate(tiny_model: LoadedModel) 
     try:
         with serve_app(create_app(routes, AuthConfig(api_keys=frozenset({CLIENT_KEY})))) as url:
             h = {"Authorization": f"Bearer {CLIENT_KEY}"}
-            r = httpx.post(url + "/v1/completions", headers=h, json={"model": "remote", "prompt": "hi", "temperature": 0.7})
+            r = httpx.post(
+                url + "/v1/completions", headers=h, json={"model": "remote", "prompt": "hi", "temperature": 0.7}
+            )
             assert r.status_code == 400, r.text
             assert "exact only for greedy" in r.json()["error"]["message"]
             assert eng.rounds == 0 and eng.num_running == 0 and eng.num_waiting == 0
@@ -77,8 +79,23 @@ def _free_port() -> int:
 def llama_server() -> Iterator[str]:
     port = _free_port()
     gguf = str(resolve_model_path("smollm2-135m"))
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-           "--n_threads", "2", "--logits_all", "true", "--n_ctx", "2048"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        gguf,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        "2",
+        "--logits_all",
+        "true",
+        "--n_ctx",
+        "2048",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -118,7 +135,9 @@ def _run(engine: object, ids: list[int], params: SamplingParams) -> tuple[list[i
 def test_llamacpp_drafter_in_front_of_embedded_is_lossless(real_model: LoadedModel, llama_server: str) -> None:
     cfg = EngineConfig(model="smollm2-135m", drafter=DrafterKind.NONE, k=4, num_blocks=256, block_size=16)
     plain = build_engine(cfg, loaded=real_model)
-    spec = build_backend(cfg, TargetSpec(TargetKind.EMBEDDED), DrafterSpec(RemoteDrafterKind.LLAMACPP, llama_server, 5.0), real_model)
+    spec = build_backend(
+        cfg, TargetSpec(TargetKind.EMBEDDED), DrafterSpec(RemoteDrafterKind.LLAMACPP, llama_server, 5.0), real_model
+    )
     try:
         drafted = 0
         for p in PROMPTS:
@@ -149,8 +168,12 @@ def test_gateway_over_llamacpp_target_matches_server_greedy(real_model: LoadedMo
     eng = OpenAITargetEngine(llama_server, real_model.tokenizer, NgramDrafter(), k=4)
     try:
         for p in PROMPTS:
-            got, _ = _run(eng, real_model.tokenizer.encode(p), SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
-            r = httpx.post(llama_server + "/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=60)
+            got, _ = _run(
+                eng, real_model.tokenizer.encode(p), SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+            )
+            r = httpx.post(
+                llama_server + "/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=60
+            )
             assert real_model.tokenizer.decode(got) == r.json()["choices"][0]["text"]
     finally:
         eng.shutdown()

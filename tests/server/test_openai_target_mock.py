@@ -65,8 +65,16 @@ class RuleServer:
             tokens.append(self.pieces.pieces[t])
             tops.append(top)
         tops[0] = None
-        lp = {"tokens": tokens, "top_logprobs": tops, "token_logprobs": [None] * len(tokens), "text_offset": [0] * len(tokens)}
-        data = {"choices": [{"text": "", "logprobs": lp, "finish_reason": "stop" if eog else "length"}], "usage": {"prompt_tokens": len(ids)}}
+        lp = {
+            "tokens": tokens,
+            "top_logprobs": tops,
+            "token_logprobs": [None] * len(tokens),
+            "text_offset": [0] * len(tokens),
+        }
+        data = {
+            "choices": [{"text": "", "logprobs": lp, "finish_reason": "stop" if eog else "length"}],
+            "usage": {"prompt_tokens": len(ids)},
+        }
         return httpx.Response(200, json=data)
 
 
@@ -91,7 +99,11 @@ class HalfRightDrafter:
         out = []
         for r in requests:
             good = self.server.greedy(list(r.tokens), max(0, r.k - 1))
-            wrong = self.server.words[0] if self.server.next(list(r.tokens) + good) != self.server.words[0] else self.server.words[1]
+            wrong = (
+                self.server.words[0]
+                if self.server.next(list(r.tokens) + good) != self.server.words[0]
+                else self.server.words[1]
+            )
             out.append(Draft((good + [wrong])[: r.k]))
         return out
 
@@ -187,9 +199,19 @@ def test_approximate_requests_are_marked_in_the_response_and_counted_in_metrics(
             name = "draftgate:spec_decode_approximate_requests_total"
             for temperature, approx in ((0.0, False), (0.8, True)):
                 before = metric(gw, name, model_name="approx")  # type: ignore[arg-type]
-                r = httpx.post(url + "/v1/completions", headers=h, timeout=30, json={
-                    "model": "approx", "prompt": "a b c a b c a b", "max_tokens": 6, "temperature": temperature,
-                    "seed": 3, "ignore_eos": True})  # fmt: skip
+                r = httpx.post(
+                    url + "/v1/completions",
+                    headers=h,
+                    timeout=30,
+                    json={
+                        "model": "approx",
+                        "prompt": "a b c a b c a b",
+                        "max_tokens": 6,
+                        "temperature": temperature,
+                        "seed": 3,
+                        "ignore_eos": True,
+                    },
+                )
                 assert r.status_code == 200, r.text
                 assert r.json()["speculative"]["approximate"] is approx
                 assert metric(gw, name, model_name="approx") == before + approx  # type: ignore[arg-type]
@@ -198,7 +220,9 @@ def test_approximate_requests_are_marked_in_the_response_and_counted_in_metrics(
 
 
 @pytest.mark.parametrize("drafter", ["halfright", "none"])
-def test_an_ambiguous_server_token_ends_the_request_clearly_never_a_guess(tiny_model: LoadedModel, drafter: str) -> None:
+def test_an_ambiguous_server_token_ends_the_request_clearly_never_a_guess(
+    tiny_model: LoadedModel, drafter: str
+) -> None:
     """The server's choice prints like several ids (here <pad>, which prints "" like BOS and EOS):
     which one it chose is unknown. Reading "" as EOS ended the request early with finish "stop";
     now the tokens before it are exact and the request ends with an error that says why."""
@@ -230,8 +254,10 @@ def test_check_lossless_over_openai_http(tiny_model: LoadedModel, allow_approxim
     server = RuleServer(tiny_model)
     eng = fake_engine(server, HalfRightDrafter(server), allow_approximate=allow_approximate)
     try:
-        cases = [CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False))
-                 for i, p in enumerate(["a b c a b c a b", "hello world the"])]  # fmt: skip
+        cases = [
+            CheckPrompt(str(i), tiny_model.tokenizer.encode(p, add_special=False))
+            for i, p in enumerate(["a b c a b c a b", "hello world the"])
+        ]
         report = check_lossless(eng, "openai", cases, CheckConfig(max_new_tokens=16, samples=20, sample_tokens=2))
         greedy = [f for f in report.findings if f.check == "greedy"]
         assert len(greedy) == 2 and all(f.passed for f in greedy), render(report)

@@ -7,15 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from gateway_support import (
-    ADMIN_KEY,
-    CLIENT_KEY,
-    Gateway,
-    assert_no_leaks,
-    metric,
-    serve_app,
-    tiny_engine,
-)
+from gateway_support import ADMIN_KEY, CLIENT_KEY, Gateway, assert_no_leaks, metric, serve_app, tiny_engine
 from ops_support import ADMIN, PROMPT, GarbageDrafter, wait_until
 
 from draftgate.engine import Chunk, DrafterKind

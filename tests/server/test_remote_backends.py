@@ -68,7 +68,9 @@ def test_routes_file_remote_keys() -> None:
         "  - name: c\n"
     )
     a, b, c = parse_routes(text, Path("r.yaml"), EngineConfig(), default_drafter="llamacpp+http://x:1")
-    assert a.target.addresses == ("grpc://h:1", "grpc://h:2") and a.drafter_spec == DrafterSpec(RemoteDrafterKind.HTTP, "http://d:7", 0.02)
+    assert a.target.addresses == ("grpc://h:1", "grpc://h:2") and a.drafter_spec == DrafterSpec(
+        RemoteDrafterKind.HTTP, "http://d:7", 0.02
+    )
     assert b.target.kind == "openai" and b.allow_approximate and b.drafter_spec.kind == DrafterKind.NGRAM
     assert c.target.kind == "embedded" and c.drafter_spec.kind == "llamacpp"
 
@@ -78,7 +80,9 @@ def test_serve_flags_build_remote_route() -> None:
 
     p = argparse.ArgumentParser()
     serve_cli.register(p.add_subparsers())
-    a = p.parse_args(["serve", "--target", "grpc://127.0.0.1:1", "--drafter", "llamacpp+http://127.0.0.1:2", "--k", "3"])
+    a = p.parse_args(
+        ["serve", "--target", "grpc://127.0.0.1:1", "--drafter", "llamacpp+http://127.0.0.1:2", "--k", "3"]
+    )
     spec = serve_cli.route_from_flags(a)
     assert spec.target.kind == "grpc" and spec.drafter_spec.kind == "llamacpp" and spec.config.k == 3
     with pytest.raises(SystemExit):
@@ -90,7 +94,9 @@ def test_serve_flags_build_remote_route() -> None:
 
 def test_gateway_over_grpc_worker_is_lossless(tiny_model: LoadedModel, tiny_model_dir: Path) -> None:
     worker = TargetWorkerServer(SessionHost(ModelRunner(tiny_model, num_blocks=256, block_size=8), "tiny")).start()
-    plain = build_engine(EngineConfig(model="tiny", drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model)
+    plain = build_engine(
+        EngineConfig(model="tiny", drafter=DrafterKind.NONE, num_blocks=256, block_size=8), loaded=tiny_model
+    )
     cfg = EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.NGRAM, k=4, num_blocks=256, block_size=8)
     specs = [RouteSpec("tiny-grpc", cfg, target=parse_target("grpc://" + worker.target))]
     routes = build_route_table(specs, load=lambda _cfg: tiny_model)
@@ -106,7 +112,9 @@ def test_gateway_over_grpc_worker_is_lossless(tiny_model: LoadedModel, tiny_mode
             for prompt in PROMPTS:
                 from draftgate.types import SamplingParams
 
-                want = plain.complete(prompt, SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True), raw=True)
+                want = plain.complete(
+                    prompt, SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True), raw=True
+                )
                 got = client.completions.create(
                     model="tiny-grpc", prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
                 )

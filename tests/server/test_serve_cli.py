@@ -42,7 +42,9 @@ def test_serve_one_route_from_flags(
     captured_app: dict[str, Any], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(serve_cli.KEYS_ENV, CLIENT_KEY)
-    rc = main(["serve", "--model", str(tiny_model_dir), "--drafter", "ngram", "--k", "3", "--port", "9", "--kv-blocks", "64"])
+    rc = main(
+        ["serve", "--model", str(tiny_model_dir), "--drafter", "ngram", "--k", "3", "--port", "9", "--kv-blocks", "64"]
+    )
     assert rc == 0
     assert captured_app["kw"]["port"] == 9 and captured_app["kw"]["host"] == "127.0.0.1"
     assert [m["id"] for m in captured_app["models"]["data"]] == [tiny_model_dir.name]  # a path: its folder name
@@ -68,7 +70,11 @@ def test_serve_routes_file(captured_app: dict[str, Any], tiny_model_dir: Path, t
 @pytest.mark.parametrize(
     "files,args,why",
     [
-        ({"r.yaml": "routes:\n  - name: a\n    drafter: medusa\n"}, ["--routes", "r.yaml"], "r.yaml:3: route 'a': unknown drafter"),
+        (
+            {"r.yaml": "routes:\n  - name: a\n    drafter: medusa\n"},
+            ["--routes", "r.yaml"],
+            "r.yaml:3: route 'a': unknown drafter",
+        ),
         ({"r.yaml": "routes: [\n"}, ["--routes", "r.yaml"], "invalid YAML"),
         ({}, ["--routes", "nope.yaml"], "cannot read the routes file"),
         ({"k": "# none\n"}, ["--api-keys-file", "k"], "holds no keys"),
@@ -111,8 +117,20 @@ def test_serve_subprocess_end_to_end(tiny_model_dir: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, serve_cli.KEYS_ENV: CLIENT_KEY}
-    cmd = [sys.executable, "-c", "from draftgate.cli.main import entry; entry()", "serve", "--model", str(tiny_model_dir),
-           "--port", str(port), "--kv-blocks", "64", "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from draftgate.cli.main import entry; entry()",
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--kv-blocks",
+        "64",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -125,8 +143,12 @@ def test_serve_subprocess_end_to_end(tiny_model_dir: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         body = {"model": tiny_model_dir.name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-                       headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=60)  # fmt: skip
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
     finally:
         proc.send_signal(signal.SIGINT)

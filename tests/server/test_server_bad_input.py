@@ -62,7 +62,11 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str | None]] = [
     ("message without content", chat(messages=[{"role": "user"}]), "messages[0].content"),
     ("unknown role", chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
     ("content wrong type", chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
-    ("image part", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), "messages[0].content"),
+    (
+        "image part",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        "messages[0].content",
+    ),
     ("max_tokens string", chat(max_tokens="10"), "max_tokens"),
     ("max_tokens float", chat(max_tokens=1.5), "max_tokens"),
     ("max_tokens negative", chat(max_tokens=-1), "max_tokens"),
@@ -140,10 +144,17 @@ def test_unknown_path_and_method(http: httpx.Client) -> None:
 
 def test_extensions_and_ignored_fields_accepted(http: httpx.Client, after_check: Callable[[], None]) -> None:
     body = chat(
-        top_k=-1, ignore_eos=True, user="u1", metadata={"a": "b"}, stream_options=None,
-        logprobs=False, presence_penalty=0, tool_choice="none", n=1,
+        top_k=-1,
+        ignore_eos=True,
+        user="u1",
+        metadata={"a": "b"},
+        stream_options=None,
+        logprobs=False,
+        presence_penalty=0,
+        tool_choice="none",
+        n=1,
         messages=[{"role": "developer", "content": [{"type": "text", "text": "hi"}]}, *OK_MSG],
-    )  # fmt: skip
+    )
     r = http.post(CHAT, json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2  # ignore_eos: exactly max_tokens
@@ -152,7 +163,11 @@ def test_extensions_and_ignored_fields_accepted(http: httpx.Client, after_check:
 # ------------------------------------------------------------------ fuzz
 
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
 )
 _json = st.recursive(
     _scalars,
@@ -163,22 +178,25 @@ _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | _scalars},
     optional={"content": st.text(alphabet="helo wrdtanis", max_size=40) | _json, "name": _json},
 )
-_bodies = st.fixed_dictionaries(
-    {"max_tokens": st.integers(1, 6) | _json},  # a valid body generates a few tokens, never hundreds
-    optional={
-        "model": st.sampled_from(["tiny", "tiny-ngram", "tiny-plain", "nope"]) | _json,
-        "messages": st.lists(_message, max_size=3) | _json,
-        "temperature": st.floats(-1, 3) | _json,
-        "top_p": st.floats(-0.5, 1.5) | _json,
-        "top_k": st.integers(-3, 200) | _json,
-        "seed": st.integers(-5, 2**64) | _json,
-        "stop": st.lists(st.text(max_size=3), max_size=3) | _json,
-        "stream": st.booleans() | _json,
-        "n": st.integers(0, 3) | _json,
-        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | _json,
-        "logprobs": _json,
-    },
-) | _json
+_bodies = (
+    st.fixed_dictionaries(
+        {"max_tokens": st.integers(1, 6) | _json},  # a valid body generates a few tokens, never hundreds
+        optional={
+            "model": st.sampled_from(["tiny", "tiny-ngram", "tiny-plain", "nope"]) | _json,
+            "messages": st.lists(_message, max_size=3) | _json,
+            "temperature": st.floats(-1, 3) | _json,
+            "top_p": st.floats(-0.5, 1.5) | _json,
+            "top_k": st.integers(-3, 200) | _json,
+            "seed": st.integers(-5, 2**64) | _json,
+            "stop": st.lists(st.text(max_size=3), max_size=3) | _json,
+            "stream": st.booleans() | _json,
+            "n": st.integers(0, 3) | _json,
+            "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | _json,
+            "logprobs": _json,
+        },
+    )
+    | _json
+)
 
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -87,7 +87,9 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer(gateway: Gateway) ->
             c.post(CHAT, json=body)
         wait_for(lambda: engine.num_running == 0 and engine.num_waiting == 0, "the engine to drop the request")
     wait_for(
-        lambda: metric(gateway, "draftgate:request_failure_total", model_name="tiny-plain", reason="abort") == aborts + 1,
+        lambda: (
+            metric(gateway, "draftgate:request_failure_total", model_name="tiny-plain", reason="abort") == aborts + 1
+        ),
         "the abort to be counted",
     )
 
@@ -103,11 +105,18 @@ def test_engine_error_is_500_then_recovers(gateway: Gateway, http: httpx.Client)
 
 
 def test_engine_error_mid_stream_is_an_error_event(gateway: Gateway) -> None:
-    with patched_forward(gateway.engine("tiny-broken"), fail_after=1), gateway.openai() as client:  # prefill works, the next round fails
+    with (
+        patched_forward(gateway.engine("tiny-broken"), fail_after=1),
+        gateway.openai() as client,
+    ):  # prefill works, the next round fails
         stream = client.chat.completions.create(
-            model="tiny-broken", messages=MSG, stream=True, max_tokens=200, temperature=0,  # type: ignore[arg-type]
+            model="tiny-broken",
+            messages=MSG,
+            stream=True,
+            max_tokens=200,
+            temperature=0,  # type: ignore[arg-type]
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         with pytest.raises(openai.APIError, match="injected target failure"):
             for _ in stream:
                 pass

@@ -57,11 +57,16 @@ def test_metrics_after_requests(gateway: Gateway, http: httpx.Client) -> None:
     # labelled by route, with the right counts
     drafted = metric(gateway, "draftgate:spec_decode_num_draft_tokens_total", model_name="tiny-ngram")
     assert drafted > before["tiny-ngram"]
-    assert metric(gateway, "draftgate:spec_decode_num_draft_tokens_total", model_name="tiny-plain") == before["tiny-plain"]
+    assert (
+        metric(gateway, "draftgate:spec_decode_num_draft_tokens_total", model_name="tiny-plain") == before["tiny-plain"]
+    )
     accepted = metric(gateway, "draftgate:spec_decode_num_accepted_tokens_total", model_name="tiny-ngram")
     assert 0 <= accepted <= drafted
     assert metric(gateway, "draftgate:spec_decode_num_drafts_total", model_name="tiny-ngram") > 0
-    assert metric(gateway, "draftgate:generation_tokens_total", model_name="tiny-ngram") > gen_before + usage["completion"] - 1
+    assert (
+        metric(gateway, "draftgate:generation_tokens_total", model_name="tiny-ngram")
+        > gen_before + usage["completion"] - 1
+    )
     ok = sum(
         metric(gateway, "draftgate:request_success_total", model_name="tiny-plain", finished_reason=reason)
         for reason in ("stop", "length")
@@ -70,8 +75,12 @@ def test_metrics_after_requests(gateway: Gateway, http: httpx.Client) -> None:
     assert metric(gateway, "draftgate:time_to_first_token_seconds_count", model_name="tiny-plain") >= 2
     assert metric(gateway, "draftgate:e2e_request_latency_seconds_count", model_name="tiny-ngram") >= 2
     # per-position acceptance: position 0 accepts at least as often as position 1
-    p0 = metric(gateway, "draftgate:spec_decode_num_accepted_tokens_per_pos_total", model_name="tiny-ngram", position="0")
-    p1 = metric(gateway, "draftgate:spec_decode_num_accepted_tokens_per_pos_total", model_name="tiny-ngram", position="1")
+    p0 = metric(
+        gateway, "draftgate:spec_decode_num_accepted_tokens_per_pos_total", model_name="tiny-ngram", position="0"
+    )
+    p1 = metric(
+        gateway, "draftgate:spec_decode_num_accepted_tokens_per_pos_total", model_name="tiny-ngram", position="1"
+    )
     assert p0 >= p1
     # gauges, read from the engines on scrape
     assert metric(gateway, "draftgate:speculation_enabled", model_name="tiny-ngram") == 1.0

@@ -30,7 +30,12 @@ def _chat_stream(gateway: Gateway, model: str, **kw: object) -> tuple[str, list]
     with gateway.openai() as client:
         chunks = list(
             client.chat.completions.create(
-                model=model, messages=MESSAGES, max_tokens=N, temperature=0, stream=True, **kw  # type: ignore[arg-type]
+                model=model,
+                messages=MESSAGES,
+                max_tokens=N,
+                temperature=0,
+                stream=True,
+                **kw,  # type: ignore[arg-type]
             )
         )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -99,10 +104,14 @@ def test_completions_stream_equals_non_stream(gateway: Gateway, model: str) -> N
         full = client.completions.create(model=model, prompt=prompt, max_tokens=N, temperature=0)
         chunks = list(
             client.completions.create(
-                model=model, prompt=[prompt], max_tokens=N, temperature=0, stream=True,
+                model=model,
+                prompt=[prompt],
+                max_tokens=N,
+                temperature=0,
+                stream=True,
                 stream_options={"include_usage": True},
             )
-        )  # fmt: skip
+        )
         plain = client.completions.create(model="tiny-plain", prompt=prompt, max_tokens=N, temperature=0)
     assert full.object == "text_completion"
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -141,9 +150,7 @@ def test_stop_string_and_max_completion_tokens(gateway: Gateway) -> None:
         stopped = client.chat.completions.create(
             model="tiny-ngram", messages=MESSAGES, max_completion_tokens=N, temperature=0, stop=[words[3]]
         )
-        capped = client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_completion_tokens=3, temperature=0
-        )
+        capped = client.chat.completions.create(model="tiny", messages=MESSAGES, max_completion_tokens=3, temperature=0)
     assert stopped.choices[0].finish_reason == "stop"
     assert words[3] not in (stopped.choices[0].message.content or "").split()
     assert capped.usage is not None and capped.usage.completion_tokens <= 3

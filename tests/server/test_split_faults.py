@@ -1,4 +1,5 @@
-"""Fault tests of the split deployment through the gateway (a failed target or drafter frees everything and is a clear error).
+"""Fault tests of the split deployment through the gateway (a failed target or drafter frees
+everything and is a clear error).
 
 Every server is real and on loopback: the gateway (uvicorn), gRPC target workers
 (in-process, or a ``draftgate serve-target`` subprocess where the test kills it),
@@ -49,8 +50,14 @@ from draftgate.types import SamplingParams
 
 PROMPT = "a b c a b c a b c a b"  # n-gram lookups find drafts from the first round on
 MAX_TOKENS = 120
-STREAM = {"model": "split", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-          "stream": True}  # fmt: skip
+STREAM = {
+    "model": "split",
+    "prompt": PROMPT,
+    "max_tokens": MAX_TOKENS,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
 FORWARD_DELAY_S = 0.02  # per target forward: a request is surely still running when the test acts
 
 
@@ -258,7 +265,11 @@ def test_draft_worker_slow_past_its_timeout_finishes_plainly(tiny_model, workers
         drafter = HttpDrafter(draft_url, timeout_s=1.0)  # a slow answer takes 3 s: past it
         remote = RemoteTargetEngine([target.address], tiny_model.tokenizer, drafter, k=4)
         try:
-            with split_gateway(remote) as gw, gw.http() as http, http.stream("POST", "/v1/completions", json=STREAM) as r:
+            with (
+                split_gateway(remote) as gw,
+                gw.http() as http,
+                http.stream("POST", "/v1/completions", json=STREAM) as r,
+            ):
                 assert r.status_code == 200
                 text, last = read_text(events(r))
             assert last["choices"][0]["finish_reason"] == "length"
@@ -283,10 +294,27 @@ class PausedNgram(NgramDrafter):
         return super().propose(requests)
 
 
-def test_target_worker_killed_mid_stream_is_an_error_event(tiny_model, tiny_model_dir, workers, procs, plain_text) -> None:  # type: ignore[no-untyped-def]
+def test_target_worker_killed_mid_stream_is_an_error_event(
+    tiny_model, tiny_model_dir, workers, procs, plain_text
+) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
-    victim = procs(["serve-target", "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
-                    "--kv-blocks", "256", "--block-size", "8", "--threads", "1"])  # fmt: skip
+    victim = procs(
+        [
+            "serve-target",
+            "--model",
+            str(tiny_model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kv-blocks",
+            "256",
+            "--block-size",
+            "8",
+            "--threads",
+            "1",
+        ]
+    )
     address = f"127.0.0.1:{port}"
     with grpc.insecure_channel(address) as ch:
         deadline = time.monotonic() + 120
@@ -302,9 +330,13 @@ def test_target_worker_killed_mid_stream_is_an_error_event(tiny_model, tiny_mode
     remote = RemoteTargetEngine([address, live.address], tiny_model.tokenizer, PausedNgram(), k=4, retry_s=60.0)
     with split_gateway(remote) as gw, gw.openai() as oai:
         stream = oai.completions.create(
-            model="split", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            model="split",
+            prompt=PROMPT,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         n = 0
         with pytest.raises(openai.APIError, match="target worker"):
             for _ in stream:
@@ -338,14 +370,18 @@ def test_client_disconnect_mid_stream_frees_the_session_everywhere(tiny_model, w
                     assert r.status_code == 200
                     stream = events(r)
                     next(stream)
-                    wait_for(lambda: service.num_sessions == 1 and target.server.host.open_sessions == 1, "the sessions")
+                    wait_for(
+                        lambda: service.num_sessions == 1 and target.server.host.open_sessions == 1, "the sessions"
+                    )
                     assert remote.num_running == 1
                 # The client is gone: the gateway cancels, the target session closes, the draft session goes.
                 wait_for(lambda: remote.num_running == 0, "the gateway to drop the request")
                 target.assert_baseline()
                 wait_for(lambda: service.num_sessions == 0, "the draft worker to drop the session")
                 wait_for(
-                    lambda: metric(gw, "draftgate:request_failure_total", model_name="split", reason="abort") == aborts + 1,
+                    lambda: (
+                        metric(gw, "draftgate:request_failure_total", model_name="split", reason="abort") == aborts + 1
+                    ),
                     "the abort to be counted",
                 )
                 r2 = http.post("/v1/completions", json={**STREAM, "stream": False, "max_tokens": 3})

@@ -94,8 +94,12 @@ def target(fake: FakeVllm) -> VllmRoundTarget:
 
 
 def _seq(params: SamplingParams = GREEDY) -> SequenceState:
-    return SequenceState(list(PROMPT), params, PositionRandom(__import__("torch").Generator().manual_seed(1)),
-                         StopChecker(_Tok(), params))  # type: ignore[arg-type]  # fmt: skip
+    return SequenceState(
+        list(PROMPT),
+        params,
+        PositionRandom(__import__("torch").Generator().manual_seed(1)),
+        StopChecker(_Tok(), params),
+    )  # type: ignore[arg-type]
 
 
 def _opened(target: VllmRoundTarget, params: SamplingParams = GREEDY) -> SequenceState:
@@ -182,7 +186,9 @@ def test_drafts_past_the_context_are_not_sent(fake: FakeVllm) -> None:
         t.shutdown()
 
 
-def test_the_engine_over_the_target_emits_vllms_text_with_lookup_drafts(target: VllmRoundTarget, fake: FakeVllm) -> None:
+def test_the_engine_over_the_target_emits_vllms_text_with_lookup_drafts(
+    target: VllmRoundTarget, fake: FakeVllm
+) -> None:
     """The whole loop: a suffix drafter on a repetitive history, the target's pricer deciding which
     drafts are scored; the output is vLLM's text whatever was drafted."""
     from draftgate.drafters.suffix import SuffixDrafter

@@ -6,14 +6,7 @@ import math
 
 import pytest
 
-from draftgate.server.targets.vllm_wire import (
-    GarbageRow,
-    RowError,
-    Scored,
-    read_row,
-    sampling_body,
-    top1,
-)
+from draftgate.server.targets.vllm_wire import GarbageRow, RowError, Scored, read_row, sampling_body, top1
 from draftgate.types import SamplingParams
 
 Row = dict[int, tuple[float, int]]

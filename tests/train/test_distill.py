@@ -23,10 +23,7 @@ WORDS = ["hello", "world", "the", "an", "is", "of", "and", *"abcdefghij", *"0123
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(0)
-    lines = [
-        json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))})
-        for _ in range(14)
-    ]
+    lines = [json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))}) for _ in range(14)]
     lines.append(json.dumps({"text": "hello world is the a b c 1 2 3"}))
     lines.append(json.dumps({"messages": [{"role": "user", "content": "the world of a"}]}))
     f = tmp_path_factory.mktemp("data") / "chat.jsonl"
@@ -66,9 +63,7 @@ def test_distill_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path,
     report = json.loads((out / "distill.json").read_text())["report"]
     assert report["steps"] == 30 and len(report["losses"]) == 30
     # resume: picks up at step 30 and continues to 34
-    rep2 = distill(
-        _cfg(tiny_model_dir, data_file, out, steps=34, resume=True), progress=False, log=logs.append
-    )
+    rep2 = distill(_cfg(tiny_model_dir, data_file, out, steps=34, resume=True), progress=False, log=logs.append)
     assert any("resumed" in m and "step 30" in m for m in logs)
     assert rep2.steps == 34 and rep2.losses[:30] == rep.losses
 
@@ -85,15 +80,11 @@ def test_distill_is_seeded(tiny_model_dir: Path, data_file: Path, tmp_path: Path
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_distilled_draft_is_lossless_on_the_engine(
-    tiny_model_dir: Path, data_file: Path, tmp_path: Path
-) -> None:
+def test_distilled_draft_is_lossless_on_the_engine(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "draft"
     distill(_cfg(tiny_model_dir, data_file, out), progress=False, log=lambda s: None)
     plain = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.NONE))
-    spec = build_engine(
-        EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.MODEL, draft_model=str(out), k=3)
-    )
+    spec = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.MODEL, draft_model=str(out), k=3))
     try:
         params = SamplingParams(max_new_tokens=40, ignore_eos=True)
         for prompt in ("hello world", "the a b c", "1 2 3 and"):

@@ -30,9 +30,7 @@ WORDS = ["hello", "world", "the", "an", "is", "of", "and", *"abcdefghij", *"0123
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(0)
-    lines = [
-        json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))}) for _ in range(14)
-    ]
+    lines = [json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))}) for _ in range(14)]
     f = tmp_path_factory.mktemp("data") / "chat.jsonl"
     f.write_text("\n".join(lines) + "\n")
     return f
@@ -40,9 +38,20 @@ def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _cfg(tiny_model_dir: Path, data: Path, out: Path, **kw: object) -> EagleConfig:
     base = EagleConfig(
-        target=str(tiny_model_dir), data=data, out=out, vocab_subset=40, steps=8, batch=4, lr=3e-3,
-        max_new_tokens=16, max_len=96, window=24, top_k=8, checkpoint_every=4, eval_fraction=0.2,
-    )  # fmt: skip
+        target=str(tiny_model_dir),
+        data=data,
+        out=out,
+        vocab_subset=40,
+        steps=8,
+        batch=4,
+        lr=3e-3,
+        max_new_tokens=16,
+        max_len=96,
+        window=24,
+        top_k=8,
+        checkpoint_every=4,
+        eval_fraction=0.2,
+    )
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -50,7 +59,9 @@ def _cfg(tiny_model_dir: Path, data: Path, out: Path, **kw: object) -> EagleConf
 def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, tmp_path: Path, precision: str) -> None:
     out = tmp_path / "head"
     logs: list[str] = []
-    rep = train_eagle(_cfg(tiny_model_dir, data_file, out, steps=40, precision=precision), progress=False, log=logs.append)
+    rep = train_eagle(
+        _cfg(tiny_model_dir, data_file, out, steps=40, precision=precision), progress=False, log=logs.append
+    )
     assert rep.steps == 40 and rep.vocab_subset == 40 and rep.feature_layers == [1, 2] and rep.precision == precision
     assert sum(rep.losses[-5:]) < sum(rep.losses[:5])  # it learns
     assert rep.agreement_after > rep.agreement_before
@@ -74,7 +85,9 @@ def test_eagle_trains_saves_and_resumes(tiny_model_dir: Path, data_file: Path, t
     mod.rollout_loss = crash_at_23  # type: ignore[assignment]
     try:
         with pytest.raises(KeyboardInterrupt):
-            train_eagle(_cfg(tiny_model_dir, data_file, part, steps=40, precision=precision), progress=False, log=logs.append)
+            train_eagle(
+                _cfg(tiny_model_dir, data_file, part, steps=40, precision=precision), progress=False, log=logs.append
+            )
     finally:
         mod.rollout_loss = real_loss  # type: ignore[assignment]
     other = "fp32" if precision == "bf16" else "bf16"
@@ -137,7 +150,10 @@ def test_feature_loss_regresses_each_step_onto_the_target_state_it_predicts(tiny
     for n in (14, 9):
         tokens = torch.randint(0, cfg.vocab_size, (n,), generator=g)
         feats = torch.randn(n - 1, len(layers), cfg.hidden_size, generator=g).half()  # [n-1, nF, C]
-        top_v, top_i = torch.randn(n - 1, 4, generator=g).half(), torch.randint(0, cfg.vocab_size, (n - 1, 4), generator=g).int()
+        top_v, top_i = (
+            torch.randn(n - 1, 4, generator=g).half(),
+            torch.randint(0, cfg.vocab_size, (n - 1, 4), generator=g).int(),
+        )
         seqs.append(States(tokens, 3, feats, top_v, top_i))
     vocab = torch.arange(0, cfg.vocab_size, 2)
     sub_of = torch.full((cfg.vocab_size,), -1, dtype=torch.int64)
@@ -185,7 +201,9 @@ def test_max_minutes_leaves_training_its_share_and_a_cut_data_set_is_not_reused_
 
 
 def test_fit_steps_counts_both_phases_the_evals_and_a_margin(tmp_path: Path) -> None:
-    cfg = EagleConfig(target="x", data=tmp_path, out=tmp_path, steps=1000, rollout=2, rollout_warmup=0.85, checkpoint_every=50)
+    cfg = EagleConfig(
+        target="x", data=tmp_path, out=tmp_path, steps=1000, rollout=2, rollout_warmup=0.85, checkpoint_every=50
+    )
     # a step: 0.85 x 1 s + 0.15 x 2 s + 5 s / 50 = 1.25 s; room: 0.96 x 1000 s - 2 final evals x 5 s = 950 s
     assert fit_steps(cfg, 1000.0, 1.0, 2.0, 5.0) == 760
     assert fit_steps(cfg, 1e6, 1.0, 2.0, 5.0) == 1000  # never more than --steps
@@ -259,11 +277,14 @@ def test_bad_settings_are_clear_errors(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_eagle_trains_on_cuda_from_the_same_initial_head(tiny_model_dir: Path, data_file: Path, tmp_path: Path) -> None:
     """Data on the GPU runner, steps on the GPU; the saved head loads on the CPU engine and is lossless there."""
-    rep = train_eagle(_cfg(tiny_model_dir, data_file, tmp_path / "gpu", steps=40, device="cuda"), progress=False,
-                      log=lambda s: None)  # fmt: skip
+    rep = train_eagle(
+        _cfg(tiny_model_dir, data_file, tmp_path / "gpu", steps=40, device="cuda"), progress=False, log=lambda s: None
+    )
     assert rep.precision == "bf16" and rep.agreement_after > rep.agreement_before
     assert sum(rep.losses[-5:]) < sum(rep.losses[:5])
-    eng = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.EAGLE, draft_head=str(tmp_path / "gpu")))
+    eng = build_engine(
+        EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.EAGLE, draft_head=str(tmp_path / "gpu"))
+    )
     plain = build_engine(EngineConfig(model=str(tiny_model_dir), drafter=DrafterKind.NONE))
     try:
         for prompt in ("hello world", "the a b c"):

@@ -19,8 +19,9 @@ def _records() -> list[Record]:
 
 def test_greedy_states_are_plain_decoding_and_the_full_forwards_rows(tiny_model: LoadedModel) -> None:
     recs = _records()
-    states = generate_states(tiny_model, recs, LAYERS, top_k=5, max_new_tokens=12, max_len=96, batch=3, chunk=4,
-                             progress=False)  # fmt: skip
+    states = generate_states(
+        tiny_model, recs, LAYERS, top_k=5, max_new_tokens=12, max_len=96, batch=3, chunk=4, progress=False
+    )
     plain = build_corpus(tiny_model, recs, max_new_tokens=12, max_len=96, progress=False)
     assert len(states) == len(plain) == len(recs)
     runner = ModelRunner(tiny_model, num_blocks=32, enable_prefix_cache=False)

@@ -28,9 +28,7 @@ def test_narrow_draft_config_keeps_heads_consistent(tiny_model: LoadedModel) -> 
 
 
 @pytest.mark.parametrize("subset", [None, [2, 5, 7, 11, 40, 41, 42, 90]])
-def test_saved_draft_matches_runner(
-    tiny_model: LoadedModel, tmp_path: Path, subset: list[int] | None
-) -> None:
+def test_saved_draft_matches_runner(tiny_model: LoadedModel, tmp_path: Path, subset: list[int] | None) -> None:
     out_ids = torch.tensor(subset) if subset else None
     cfg = draft_config(tiny_model.config, 1, None)
     m = DraftLM.from_target(tiny_model, cfg, out_ids, [1])

@@ -44,9 +44,7 @@ def _greedy(drafts: list[list[int]], lens: list[int], argmax: list[list[int]]) -
         ([1, 2], [1, 5, 3], [1, 5, -1], 1),  # second mismatch -> recovered
     ],
 )
-def test_greedy_table(
-    drafts: list[int], argmax: list[int], tokens: list[int], accepted: int
-) -> None:
+def test_greedy_table(drafts: list[int], argmax: list[int], tokens: list[int], accepted: int) -> None:
     out = _greedy([drafts], [len(drafts)], [argmax])
     assert out.tokens.tolist() == [tokens]
     assert out.num_accepted.tolist() == [accepted]
@@ -101,53 +99,34 @@ def test_sampling_residual_uses_the_whole_q_vector() -> None:
 def test_sampling_p_equal_q_never_rejects_and_residual_guard() -> None:
     p = torch.tensor([[[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]])  # [1, 2, 3]
     out = verify_sampling(
-        torch.tensor([[1]]),
-        torch.tensor([1]),
-        p,
-        p[:, :1],
-        torch.tensor([[0.999]]),
-        torch.tensor([0.3]),
+        torch.tensor([[1]]), torch.tensor([1]), p, p[:, :1], torch.tensor([[0.999]]), torch.tensor([0.3])
     )
     assert out.tokens.tolist() == [[1, 2]]
     # Forced rejection of a token with p == 0 (q sent nonsense): residual = p - q = 0 -> sample p.
     p0 = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])  # [1, 2, 3]
     out = verify_sampling(
-        torch.tensor([[0]]),
-        torch.tensor([1]),
-        p0,
-        p0[:, :1],
-        torch.tensor([[0.0]]),
-        torch.tensor([0.5]),
+        torch.tensor([[0]]), torch.tensor([1]), p0, p0[:, :1], torch.tensor([[0.0]]), torch.tensor([0.5])
     )
     assert out.tokens.tolist() == [[1, -1]]
 
 
 def test_sparse_and_dense_and_one_hot_q_agree() -> None:
     V = 6
-    dense = torch.tensor(
-        [[[0.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]]]
-    )  # [1, 2, 6]
+    dense = torch.tensor([[[0.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]]])  # [1, 2, 6]
     ids = torch.tensor([[[1, 0], [3, 0]]])  # [1, 2, 2] padded with a zero-probability id
     probs = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])  # [1, 2, 2]
     draft = torch.tensor([[1, 3]])
-    p = torch.softmax(
-        torch.randn(1, 3, V, generator=torch.Generator().manual_seed(3)), -1
-    )  # [1, 3, 6]
+    p = torch.softmax(torch.randn(1, 3, V, generator=torch.Generator().manual_seed(3)), -1)  # [1, 3, 6]
     for u in (0.05, 0.3, 0.6, 0.95):
         ua, us = torch.full((1, 2), u), torch.tensor([1 - u])
-        outs = [
-            verify_sampling(draft, torch.tensor([2]), p, qq, ua, us)
-            for qq in (None, dense, (ids, probs))
-        ]
+        outs = [verify_sampling(draft, torch.tensor([2]), p, qq, ua, us) for qq in (None, dense, (ids, probs))]
         assert all(torch.equal(o.tokens, outs[0].tokens) for o in outs)
 
 
 # ------------------------------------------------------------ b. seeded determinism
 
 
-def _seeded_round(
-    seeds: list[int], p: Tensor, q: Tensor, draft_ids: Tensor, lens: Tensor
-) -> VerifyResult:
+def _seeded_round(seeds: list[int], p: Tensor, q: Tensor, draft_ids: Tensor, lens: Tensor) -> VerifyResult:
     K = draft_ids.shape[1]
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     u = draw_uniforms(gens, K + 1, "cpu")  # [B, K+1]
@@ -194,14 +173,7 @@ LEN_WEIGHTS = [0.04, 0.16, 0.25, 0.55]  # P(k_b = 0..K): bonus cells at every po
 ALPHA = 1e-3  # for the whole test: split over its cells (Bonferroni)
 MARGIN = 3.0  # a negative control's worst cell must exceed the threshold by this factor
 Setting = tuple[float, int, float]  # (temperature, top_k, top_p), applied to p and q alike
-SETTINGS: list[Setting] = [
-    (1.0, 0, 1.0),
-    (0.6, 0, 1.0),
-    (1.5, 4, 1.0),
-    (1.0, 0, 0.8),
-    (0.8, 5, 0.9),
-    (0.0, 0, 1.0),
-]
+SETTINGS: list[Setting] = [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.5, 4, 1.0), (1.0, 0, 0.8), (0.8, 5, 0.9), (0.0, 0, 1.0)]
 
 
 @dataclass(frozen=True)
@@ -233,9 +205,7 @@ def _toy(setting: Setting, q_kind: str, seed: int) -> Toy:
         q: DraftQ = None
     else:
         u = torch.rand(T, K, generator=g)  # [T, K]
-        draft_ids = torch.stack(
-            [sample_from_probs(q_pos[i].expand(T, V), u[:, i]) for i in range(K)], dim=1
-        )  # [T, K]
+        draft_ids = torch.stack([sample_from_probs(q_pos[i].expand(T, V), u[:, i]) for i in range(K)], dim=1)  # [T, K]
         q = q_pos.expand(T, K, V)  # [T, K, V]
     if q_kind == "sparse":
         pad = q_pos.argmin(-1, keepdim=True)  # [K, 1] a zero-probability id, as senders pad
@@ -284,8 +254,13 @@ def test_emitted_tokens_follow_the_target(setting: Setting, q_kind: str) -> None
 # --- negative controls: planted broken verifiers the same test must catch.
 
 
-def _broken(toy: Toy, ua: Tensor, us: Tensor, residual_of: Callable[[Tensor, Tensor, Tensor], Tensor],
-            bonus_of: Callable[[Tensor, Tensor], Tensor] | None = None) -> VerifyResult:  # fmt: skip
+def _broken(
+    toy: Toy,
+    ua: Tensor,
+    us: Tensor,
+    residual_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+    bonus_of: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> VerifyResult:
     """verify_sampling with its residual (p_j [B, V], q_j [B, V], q_j(x_j) [B, 1] -> [B, V]) or
     its bonus distribution (p_j, q_j -> [B, V]) replaced."""
     x, lens, p, q = toy.draft_ids, toy.lens, toy.p, toy.q
@@ -351,6 +326,4 @@ def test_the_statistical_test_catches_each_planted_verifier_bug(
 ) -> None:
     cells = _run(verify, setting, q_kind, seed=11)
     worst = max(cells, key=lambda c: cells[c].ratio)
-    assert cells[worst].ratio >= MARGIN, (
-        f"{name}: worst cell {worst} is only {cells[worst].ratio:.2f}x its threshold"
-    )
+    assert cells[worst].ratio >= MARGIN, f"{name}: worst cell {worst} is only {cells[worst].ratio:.2f}x its threshold"

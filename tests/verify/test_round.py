@@ -40,14 +40,15 @@ def test_target_choice_is_argmax_or_the_positions_sample() -> None:
     want = sample_from_probs(logits_to_probs(logits, 1.0, 6, 1.0), u[:, 1])
     assert torch.equal(_choice(logits, SAMPLED, u), want)
     # Per-row parameters: a greedy row and a sampled row side by side.
-    mixed = target_choice(logits[:2], torch.tensor([0.0, 1.0]), torch.tensor([0, 6]), torch.tensor([1.0, 1.0]), u[:2, 1])
+    mixed = target_choice(
+        logits[:2], torch.tensor([0.0, 1.0]), torch.tensor([0, 6]), torch.tensor([1.0, 1.0]), u[:2, 1]
+    )
     assert mixed.tolist() == [int(logits[0].argmax()), int(want[1])]
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize(
-    ("match", "accepted"),
-    [([], 0), ([0], 1), ([0, 1], 2), ([0, 1, 2], 3), ([1, 2], 0), ([0, 2], 1)],
+    ("match", "accepted"), [([], 0), ([0], 1), ([0, 1], 2), ([0, 1, 2], 3), ([1, 2], 0), ([0, 2], 1)]
 )
 def test_deterministic_drafts_accept_the_matching_prefix(
     params: tuple[float, int, float], match: list[int], accepted: int

@@ -33,9 +33,7 @@ from draftgate.types import SamplingParams, SpecStats
 
 __all__ = ["ArmError", "ArmKind", "ArmSpec", "Arm", "Piece", "parse_arm", "parse_arms", "HF_LOOKUP_DEFAULT"]
 
-HF_LOOKUP_DEFAULT = (
-    10  # prompt_lookup_num_tokens for hf-lookup (transformers' documented example value)
-)
+HF_LOOKUP_DEFAULT = 10  # prompt_lookup_num_tokens for hf-lookup (transformers' documented example value)
 
 
 class ArmError(DraftGateError):
@@ -50,10 +48,7 @@ class ArmKind(str, enum.Enum):
     LLAMACPP = "llamacpp"  # llama.cpp's llama-server on the GGUF file (make llamacpp)
 
 
-_ENGINE_NAMES = {
-    "plain": DrafterKind.NONE,
-    **{d.value: d for d in DrafterKind if d != DrafterKind.NONE},
-}
+_ENGINE_NAMES = {"plain": DrafterKind.NONE, **{d.value: d for d in DrafterKind if d != DrafterKind.NONE}}
 
 
 @dataclass(frozen=True)
@@ -147,12 +142,7 @@ def parse_arm(text: str) -> ArmSpec:
         if query and not model:
             raise ArmError(f"arm {name!r}: the only query option is ?model=NAME")
         url = url.rstrip("/")
-        return ArmSpec(
-            name,
-            ArmKind.OPENAI,
-            url=url if url.endswith("/v1") else url + "/v1",
-            served_model=model,
-        )
+        return ArmSpec(name, ArmKind.OPENAI, url=url if url.endswith("/v1") else url + "/v1", served_model=model)
     base, _, opt = name.partition(":")
     k, draft, head, branch = _parse_opts(name, opt) if opt else (None, None, None, None)
     if draft is not None and base not in ("model", "auto"):

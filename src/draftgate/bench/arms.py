@@ -19,17 +19,7 @@ from draftgate.models.loader import LoadedModel
 from draftgate.models.tokenizer import Message
 from draftgate.types import SamplingParams
 
-__all__ = [
-    "ArmError",
-    "ArmKind",
-    "ArmSpec",
-    "Arm",
-    "Piece",
-    "EngineArm",
-    "parse_arm",
-    "parse_arms",
-    "build_arms",
-]
+__all__ = ["ArmError", "ArmKind", "ArmSpec", "Arm", "Piece", "EngineArm", "parse_arm", "parse_arms", "build_arms"]
 
 
 class EngineArm:
@@ -42,9 +32,7 @@ class EngineArm:
     async def stream(self, messages: list[Message], params: SamplingParams) -> AsyncIterator[Piece]:
         async for c in self.engine.generate(messages, params):
             if c.finish_reason in ("error", "abort"):
-                raise ArmError(
-                    f"arm {self.spec.name}: request ended with {c.finish_reason}: {c.error or ''}"
-                )
+                raise ArmError(f"arm {self.spec.name}: request ended with {c.finish_reason}: {c.error or ''}")
             yield Piece(len(c.token_ids), c.text, list(c.token_ids), c.stats)
 
     def new_run(self) -> None:
@@ -75,9 +63,7 @@ def _engine_arm(spec: ArmSpec, base: EngineConfig, loaded: LoadedModel) -> Engin
     return EngineArm(spec, engine)
 
 
-def build_arms(
-    specs: tuple[ArmSpec, ...], base: EngineConfig, loaded: LoadedModel
-) -> dict[str, Arm]:
+def build_arms(specs: tuple[ArmSpec, ...], base: EngineConfig, loaded: LoadedModel) -> dict[str, Arm]:
     """Build every arm (engine arms share ``loaded``); on failure, close those already built."""
     arms: dict[str, Arm] = {}
     try:

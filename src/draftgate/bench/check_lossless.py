@@ -10,9 +10,10 @@ plain decoding (``submit(speculate=False)``: the same target, no drafts):
    is 0) the tokens must also equal plain sampling with that seed (matching verification
    couples the two exactly);
 3. **distribution**: ``samples`` seeded requests per arm on one prompt, ``sample_tokens``
-   tokens each (past EOS: every sample has every position), and a chi-square homogeneity test of speculative against plain per output
-   position at a fixed alpha (Bonferroni over positions). Whatever verifier the back end
-   really runs (in this process, in a gRPC worker, over a scorer) is what is tested.
+   tokens each (past EOS: every sample has every position), and a chi-square homogeneity test
+   of speculative against plain per output position at a fixed alpha (Bonferroni over
+   positions). Whatever verifier the back end really runs (in this process, in a gRPC worker,
+   over a scorer) is what is tested.
 
 A back end that refuses sampling (an openai+http route without ``allow_approximate``) has its
 sampling checks skipped with the reason; one that verifies sampling approximately fails them,
@@ -103,9 +104,13 @@ def _params(cfg: CheckConfig, seed: int | None, max_new_tokens: int, ignore_eos:
     if seed is None:
         return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos).validate()
     return SamplingParams(
-        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, max_new_tokens=max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
         ignore_eos=ignore_eos,
-    ).validate()  # fmt: skip
+    ).validate()
 
 
 def _run(backend: Backend, ids: list[int], params: SamplingParams, speculate: bool) -> tuple[list[int], Chunk]:
@@ -121,9 +126,14 @@ def _diff(check: str, pid: str, what: str, a: list[int], b: list[int]) -> Findin
         return Finding(check, pid, True, f"{what}: {len(a)} tokens identical")
     lo = max(0, pos - 3)
     return Finding(
-        check, pid, False, f"{what}: first difference at output token {pos} ({len(a)} vs {len(b)} tokens)",
-        position=pos, expected=a[lo : pos + 4], got=b[lo : pos + 4],
-    )  # fmt: skip
+        check,
+        pid,
+        False,
+        f"{what}: first difference at output token {pos} ({len(a)} vs {len(b)} tokens)",
+        position=pos,
+        expected=a[lo : pos + 4],
+        got=b[lo : pos + 4],
+    )
 
 
 def _greedy(backend: Backend, p: CheckPrompt, cfg: CheckConfig) -> Finding:
@@ -164,10 +174,12 @@ def _distribution(backend: Backend, p: CheckPrompt, cfg: CheckConfig, progress: 
     summary = ", ".join(f"pos {i}: {t.statistic:.1f}/{t.threshold:.1f} (dof {t.dof})" for i, t in tests)
     verdict = "same distribution" if worst.passed else f"differ at output position {worst_i}"
     return Finding(
-        "distribution", p.id, worst.passed,
+        "distribution",
+        p.id,
+        worst.passed,
         f"{n} + {n} seeded requests, chi-square speculative vs plain at alpha {cfg.alpha:g}: {verdict} [{summary}]",
         position=None if worst.passed else worst_i,
-    )  # fmt: skip
+    )
 
 
 def _refuses_sampling(backend: Backend, p: CheckPrompt, cfg: CheckConfig) -> str | None:
@@ -202,7 +214,9 @@ def check_lossless(
         return report
     refused = _refuses_sampling(backend, prompts[0], cfg)
     if refused is not None:
-        report.findings.append(Finding("seeded", "*", True, f"skipped: the back end refuses sampling ({refused})", True))
+        report.findings.append(
+            Finding("seeded", "*", True, f"skipped: the back end refuses sampling ({refused})", True)
+        )
         return report
     for p in prompts:
         for seed in cfg.seeds:

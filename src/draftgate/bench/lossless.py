@@ -30,9 +30,7 @@ def lossless_check(requests: Sequence[RequestRecord], baseline: str) -> dict[str
         if r.arm == baseline or r.error is not None or _key(r) not in base:
             continue
         b = base[_key(r)]
-        entry = out.setdefault(
-            r.arm, {"compared": 0, "mismatches": 0, "unit": "token", "examples": []}
-        )
+        entry = out.setdefault(r.arm, {"compared": 0, "mismatches": 0, "unit": "token", "examples": []})
         if b.token_ids is not None and r.token_ids is not None:
             x, y = b.token_ids, r.token_ids
         else:

@@ -59,9 +59,7 @@ def build_hf_model(loaded: LoadedModel, device: str) -> Any:
     result = hf.to(dtype).load_state_dict(loaded.weights, strict=False)
     if cfg.tie_word_embeddings:
         hf.tie_weights()
-    missing = [
-        k for k in result.missing_keys if not (cfg.tie_word_embeddings and k == "lm_head.weight")
-    ]
+    missing = [k for k in result.missing_keys if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or result.unexpected_keys:
         raise ArmError(
             f"hf arm: weights do not fit LlamaForCausalLM: missing {missing}, unexpected {result.unexpected_keys}"
@@ -69,9 +67,7 @@ def build_hf_model(loaded: LoadedModel, device: str) -> Any:
     return hf.to(device).eval()
 
 
-async def _stream_from_thread(
-    produce: Callable[[Callable[[Any], None]], None],
-) -> AsyncIterator[Any]:
+async def _stream_from_thread(produce: Callable[[Callable[[Any], None]], None]) -> AsyncIterator[Any]:
     """Run ``produce(emit)`` in a thread; yield what it emits, re-raising its exception here."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue[Any] = asyncio.Queue()
@@ -132,9 +128,7 @@ class HFArm:
             "pad_token_id": eos[0] if eos else 0,
         }
         if not params.greedy:
-            kw.update(
-                temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p
-            )
+            kw.update(temperature=params.temperature, top_k=params.top_k or None, top_p=params.top_p)
         if self._lookup is not None:
             kw["prompt_lookup_num_tokens"] = self._lookup
         return kw
@@ -148,9 +142,7 @@ class HFArm:
                 torch.manual_seed(params.seed)
             x = torch.tensor([ids], device=self._device)
             with torch.inference_mode():
-                self._model.generate(
-                    x, attention_mask=torch.ones_like(x), streamer=_Streamer(emit), **kw
-                )
+                self._model.generate(x, attention_mask=torch.ones_like(x), streamer=_Streamer(emit), **kw)
 
         out: list[int] = []
         sent = ""  # text of ``out`` already streamed: decode the whole output, send the new suffix
@@ -158,9 +150,7 @@ class HFArm:
             new = new[: params.max_new_tokens - len(out)]
             if new:
                 out += new
-                text = self._tok.decode(out).rstrip(
-                    "\ufffd"
-                )  # hold back an incomplete UTF-8 character
+                text = self._tok.decode(out).rstrip("\ufffd")  # hold back an incomplete UTF-8 character
                 yield Piece(len(new), text[len(sent) :], new)
                 sent = text
         rest = self._tok.decode(out)[len(sent) :]
@@ -175,4 +165,3 @@ class HFArm:
 
     def close(self) -> None:
         self._model = None
-

@@ -23,9 +23,7 @@ def _pyplot() -> Any:
     except ImportError:
         from draftgate.bench.arms import ArmError
 
-        raise ArmError(
-            "plots need matplotlib: pip install 'draftgate[bench]' (or pass --no-plots)"
-        ) from None
+        raise ArmError("plots need matplotlib: pip install 'draftgate[bench]' (or pass --no-plots)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -50,9 +48,7 @@ def _speedup(plt: Any, report: dict[str, Any], path: Path) -> Path:
     base = report["meta"]["baseline"]
     by_load = group_by([r for r in report["results"] if r["arm"] != base], lambda r: r["load"])
     n = max(1, len(by_load))
-    fig, axes = plt.subplots(
-        1, n, figsize=(max(6, 2 + 1.6 * len(report["meta"]["categories"])) * n, 4), squeeze=False
-    )
+    fig, axes = plt.subplots(1, n, figsize=(max(6, 2 + 1.6 * len(report["meta"]["categories"])) * n, 4), squeeze=False)
     for ax, (load, rows) in zip(axes[0], by_load.items(), strict=False):
         cats = list(dict.fromkeys(r["category"] for r in rows))
         arms = list(dict.fromkeys(r["arm"] for r in rows))
@@ -79,9 +75,7 @@ def _itl(plt: Any, report: dict[str, Any], result: BenchResult, path: Path) -> P
     loads = report["meta"]["loads"]
     fig, axes = plt.subplots(1, len(loads), figsize=(6 * len(loads), 4), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=True):
-        by_arm = group_by(
-            [r for r in result.requests if r.load == load and r.error is None], lambda r: r.arm
-        )
+        by_arm = group_by([r for r in result.requests if r.load == load and r.error is None], lambda r: r.arm)
         for arm, rs in by_arm.items():
             xs = sorted(x * 1e3 for r in rs for x in r.itl_s if x > 0)
             if xs:

@@ -21,13 +21,7 @@ from pathlib import Path
 from draftgate.errors import DraftGateError
 from draftgate.models.tokenizer import Message
 
-__all__ = [
-    "BenchPrompt",
-    "PromptFileError",
-    "parse_prompt_line",
-    "load_prompts",
-    "builtin_prompts_path",
-]
+__all__ = ["BenchPrompt", "PromptFileError", "parse_prompt_line", "load_prompts", "builtin_prompts_path"]
 
 DEFAULT_CATEGORY = "default"
 _ROLES = ("system", "user", "assistant")
@@ -42,19 +36,14 @@ class BenchPrompt:
     id: str
     category: str
     turns: tuple[str, ...]  # user messages, answered in order
-    context: tuple[
-        Message, ...
-    ] = ()  # messages before the first turn (system prompt, earlier chat)
+    context: tuple[Message, ...] = ()  # messages before the first turn (system prompt, earlier chat)
 
     def messages(self, turn: int, answers: list[str]) -> list[Message]:
         """The chat for ``turn``: context, then each earlier turn with the arm's own answer to it."""
         assert len(answers) >= turn, "earlier turns must be answered first"
         msgs = list(self.context)
         for i in range(turn):
-            msgs += [
-                {"role": "user", "content": self.turns[i]},
-                {"role": "assistant", "content": answers[i]},
-            ]
+            msgs += [{"role": "user", "content": self.turns[i]}, {"role": "assistant", "content": answers[i]}]
         return [*msgs, {"role": "user", "content": self.turns[turn]}]
 
 
@@ -76,11 +65,7 @@ def parse_prompt_line(line: str, where: str = "line") -> BenchPrompt:
     pid = str(obj.get("question_id", obj.get("id", where.rsplit(":", 1)[-1])))
     if "turns" in obj:
         turns = obj["turns"]
-        if (
-            not isinstance(turns, list)
-            or not turns
-            or not all(isinstance(t, str) and t for t in turns)
-        ):
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
             raise PromptFileError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
         return BenchPrompt(pid, category, tuple(turns))
     if "prompt" in obj:
@@ -96,14 +81,8 @@ def _split_messages(msgs: object, where: str) -> tuple[tuple[str, ...], tuple[Me
     if not isinstance(msgs, list) or not msgs:
         raise PromptFileError(f"{where}: 'messages' must be a non-empty list")
     for m in msgs:
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("content"), str)
-            or m.get("role") not in _ROLES
-        ):
-            raise PromptFileError(
-                f"{where}: each message needs a 'role' ({', '.join(_ROLES)}) and a string 'content'"
-            )
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in _ROLES:
+            raise PromptFileError(f"{where}: each message needs a 'role' ({', '.join(_ROLES)}) and a string 'content'")
     if msgs[-1]["role"] != "user":
         raise PromptFileError(f"{where}: the last message must be the user's (the one to answer)")
     context = tuple({"role": m["role"], "content": m["content"]} for m in msgs[:-1])
@@ -111,12 +90,10 @@ def _split_messages(msgs: object, where: str) -> tuple[tuple[str, ...], tuple[Me
 
 
 def load_prompts(
-    path: Path | str,
-    categories: list[str] | None = None,
-    limit: int | None = None,
-    per_category: int | None = None,
+    path: Path | str, categories: list[str] | None = None, limit: int | None = None, per_category: int | None = None
 ) -> list[BenchPrompt]:
-    """Read a prompt file; keep ``categories`` (if given), the first ``per_category`` of each, then the first ``limit``."""
+    """Read a prompt file; keep ``categories`` (if given), the first ``per_category`` of each, then the
+    first ``limit``."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -127,9 +104,7 @@ def load_prompts(
         known = {p.category for p in prompts}
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise PromptFileError(
-                f"{path}: no prompts in categories {unknown}; the file has {sorted(known)}"
-            )
+            raise PromptFileError(f"{path}: no prompts in categories {unknown}; the file has {sorted(known)}")
         prompts = [p for p in prompts if p.category in categories]
     if per_category is not None:
         if per_category < 1:

@@ -85,9 +85,7 @@ class OpenAIArm:
         if params.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extension; other servers may ignore it
         try:
-            async with self._http().stream(
-                "POST", f"{self.spec.url}/completions", json=body
-            ) as resp:
+            async with self._http().stream("POST", f"{self.spec.url}/completions", json=body) as resp:
                 if resp.status_code != 200:
                     detail = (await resp.aread()).decode(errors="replace")[:300]
                     raise ArmError(f"arm {self.spec.name}: HTTP {resp.status_code}: {detail}")

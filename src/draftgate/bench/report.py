@@ -26,14 +26,7 @@ from typing import Any
 
 from draftgate.bench.lossless import lossless_check
 from draftgate.bench.runner import BenchConfig, BenchResult
-from draftgate.bench.stats import (
-    ALL,
-    decode_speedups,
-    group_by,
-    latency_ratios,
-    speedups,
-    summarize_group,
-)
+from draftgate.bench.stats import ALL, decode_speedups, group_by, latency_ratios, speedups, summarize_group
 
 __all__ = ["SCHEMA", "build_report", "write_report", "markdown", "summary_table", "doc_summary"]
 
@@ -50,21 +43,14 @@ def build_report(result: BenchResult, cfg: BenchConfig, meta: dict[str, Any]) ->
     for load in [ld.label for ld in cfg.loads()]:
         for cat in [*cats, ALL]:
 
-            def pick(
-                groups: dict[Any, list[Any]], arm: str, cat: str = cat, load: str = load
-            ) -> list[Any]:
+            def pick(groups: dict[Any, list[Any]], arm: str, cat: str = cat, load: str = load) -> list[Any]:
                 keys = [(arm, c, load) for c in (cats if cat == ALL else [cat])]
                 return [x for k in keys for x in groups.get(k, [])]
 
             for arm in arms:
                 if not pick(wins, arm):
                     continue
-                row = {
-                    "arm": arm,
-                    "category": cat,
-                    "load": load,
-                    **summarize_group(pick(reqs, arm), pick(wins, arm)),
-                }
+                row = {"arm": arm, "category": cat, "load": load, **summarize_group(pick(reqs, arm), pick(wins, arm))}
                 row["speedup"] = speedups(pick(wins, arm), pick(wins, cfg.baseline))
                 row["decode_speedup"] = decode_speedups(pick(reqs, arm), pick(reqs, cfg.baseline))
                 row["e2e_ratio"] = latency_ratios(pick(reqs, arm), pick(reqs, cfg.baseline))
@@ -72,19 +58,28 @@ def build_report(result: BenchResult, cfg: BenchConfig, meta: dict[str, Any]) ->
     greedy = cfg.params.greedy
     return {
         "schema": SCHEMA,
-        "meta": {**meta, "arms": arms, "baseline": cfg.baseline, "categories": cats, "runs": cfg.runs,
-                 "loads": [ld.label for ld in cfg.loads()], "max_new_tokens": cfg.params.max_new_tokens,
-                 "temperature": cfg.params.temperature, "ignore_eos": cfg.params.ignore_eos},
+        "meta": {
+            **meta,
+            "arms": arms,
+            "baseline": cfg.baseline,
+            "categories": cats,
+            "runs": cfg.runs,
+            "loads": [ld.label for ld in cfg.loads()],
+            "max_new_tokens": cfg.params.max_new_tokens,
+            "temperature": cfg.params.temperature,
+            "ignore_eos": cfg.params.ignore_eos,
+        },
         "results": rows,
         "lossless": {
             "checked": greedy,
-            "reason": "greedy: outputs must match the baseline token for token" if greedy
+            "reason": "greedy: outputs must match the baseline token for token"
+            if greedy
             else "sampling: outputs differ by design; use --temperature 0 for the check",
             "arms": lossless_check(result.requests, cfg.baseline) if greedy else {},
         },
         "errors": [f"{r.arm} {r.prompt_id}/{r.turn}: {r.error}" for r in result.requests if r.error][:MAX_ERRORS],
         "notes": list(result.notes),
-    }  # fmt: skip
+    }
 
 
 def _clean(x: Any) -> Any:
@@ -98,9 +93,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def write_report(
-    report: dict[str, Any], result: BenchResult, out: Path, plots: bool = True
-) -> list[Path]:
+def write_report(report: dict[str, Any], result: BenchResult, out: Path, plots: bool = True) -> list[Path]:
     """Write every output file into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.json", out / "report.md", out / "requests.jsonl"]
@@ -158,22 +151,30 @@ def markdown(report: dict[str, Any], plot_files: Sequence[str] = ()) -> str:
             )
             lines.append(f"| {arm} | {e['compared']} | {e['mismatches']} | {first} |")
         lines.append("")
-    head = ("category", "arm", "tok/s total", "tok/s/stream", "TTFT p50 ms", "ITL p50/p90/p99 ms",
-            "e2e p50 s", "acceptance", "mean acc. len", "speedup", "decode speedup", "e2e ratio")  # fmt: skip
+    head = (
+        "category",
+        "arm",
+        "tok/s total",
+        "tok/s/stream",
+        "TTFT p50 ms",
+        "ITL p50/p90/p99 ms",
+        "e2e p50 s",
+        "acceptance",
+        "mean acc. len",
+        "speedup",
+        "decode speedup",
+        "e2e ratio",
+    )
     for load, rows in group_by(report["results"], lambda r: r["load"]).items():
-        lines += [
-            f"## {load}",
-            "",
-            "| " + " | ".join(head) + " |",
-            "|" + "|".join(["---"] * 2 + ["---:"] * 10) + "|",
-        ]
+        lines += [f"## {load}", "", "| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 10) + "|"]
         for r in rows:
             itl = r["itl_s"]
             lines.append(
                 f"| {r['category']} | {r['arm']} | {_f(r['total_tps'])} | {_f(r['stream_tps'])} | "
                 f"{_f(r['ttft_s']['p50'], '.0f', 1e3)} | {_f(itl['p50'], '.1f', 1e3)}/{_f(itl['p90'], '.1f', 1e3)}/"
                 f"{_f(itl['p99'], '.1f', 1e3)} | {_f(r['e2e_s']['p50'], '.2f')} | {_f(r['acceptance_rate'], '.2f')} | "
-                f"{_f(r['mean_accepted_length'], '.2f')} | {_ratio(r['speedup'])} | {_ratio(r['decode_speedup'])} | {_ratio(r['e2e_ratio'])} |"
+                f"{_f(r['mean_accepted_length'], '.2f')} | {_ratio(r['speedup'])} | {_ratio(r['decode_speedup'])} | "
+                f"{_ratio(r['e2e_ratio'])} |"
             )
         lines.append("")
     if report["errors"]:
@@ -196,9 +197,11 @@ def summary_table(report: dict[str, Any]) -> str:
         if r["category"] != "all":
             continue
         n_bad = ll[r["arm"]]["mismatches"] if r["arm"] in ll else None
-        same = "baseline" if r["arm"] == report["meta"]["baseline"] else (
-            "n/a" if n_bad is None else "yes" if n_bad == 0 else f"NO ({n_bad})"
-        )  # fmt: skip
+        same = (
+            "baseline"
+            if r["arm"] == report["meta"]["baseline"]
+            else ("n/a" if n_bad is None else "yes" if n_bad == 0 else f"NO ({n_bad})")
+        )
         lines.append(
             f"| {r['load']} | {r['arm']} | {_f(r['total_tps'], '.1f')} | {_f(r['speedup']['median'], '.2f')}x | "
             f"{_f(r['decode_speedup']['median'], '.2f')}x | "
@@ -213,15 +216,19 @@ def doc_summary(report: dict[str, Any]) -> str:
     m, base = report["meta"], report["meta"]["baseline"]
     ll = report["lossless"]
     bad = sum(e["mismatches"] for e in ll["arms"].values())
-    check = (f"{bad} of {sum(e['compared'] for e in ll['arms'].values())} outputs differ from `{base}`"
-             if ll["checked"] else "sampling: no identity check")  # fmt: skip
+    check = (
+        f"{bad} of {sum(e['compared'] for e in ll['arms'].values())} outputs differ from `{base}`"
+        if ll["checked"]
+        else "sampling: no identity check"
+    )
     lines = [
         f"*{m['created'][:10]} · {m.get('cpu') or m['machine']} · commit {m.get('commit') or 'unknown'} · "
         f"`{m['command']}`*: {m['prompts_count']} prompts ({m['prompts']}), {m['max_new_tokens']} new tokens, "
         f"{m['runs']} runs, each starting from fresh drafter memory; {check}.",
         "",
         "| load | arm | tok/s | speedup (end to end) | decode speedup | acceptance | tokens a round | "
-        + " | ".join(c.replace("_", " ") for c in m["categories"]) + " |",
+        + " | ".join(c.replace("_", " ") for c in m["categories"])
+        + " |",
         "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(m["categories"]),
     ]
     by = {(r["load"], r["arm"], r["category"]): r for r in report["results"]}
@@ -234,7 +241,8 @@ def doc_summary(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {load} | {arm} | {_f(r['total_tps'])} | {_ratio(r['speedup'])} | {_ratio(r['decode_speedup'])} | "
                 f"{_f(r['acceptance_rate'], '.2f')} | {_f(r['mean_accepted_length'], '.2f')} | "
-                + " | ".join(f"{_f(c['speedup']['median'], '.2f')}x" if c else "–" for c in cats) + " |"
+                + " | ".join(f"{_f(c['speedup']['median'], '.2f')}x" if c else "–" for c in cats)
+                + " |"
             )
     plain = [f"{load} {_f(by[(load, base, 'all')]['total_tps'])}" for load in m["loads"] if (load, base, "all") in by]
     lines += ["", f"`{base}` tok/s: {', '.join(plain)}. Speedups: median [min–max] over runs."]

@@ -85,10 +85,7 @@ class BenchResult:
 
 
 def run_bench(
-    arms: dict[str, Arm],
-    prompts: Sequence[BenchPrompt],
-    cfg: BenchConfig,
-    progress: Progress | None = None,
+    arms: dict[str, Arm], prompts: Sequence[BenchPrompt], cfg: BenchConfig, progress: Progress | None = None
 ) -> BenchResult:
     """Run every arm over every prompt, load level and run; return the raw records."""
     cfg.validate()
@@ -109,9 +106,7 @@ def _plan(
         for run in range(cfg.runs):
             for cat_prompts in group_by(prompts, lambda p: p.category).values():
                 for i in range(0, len(cat_prompts), size):
-                    steps.append(
-                        (load, run, cat_prompts[i : i + size], names[::-1] if flip else names)
-                    )
+                    steps.append((load, run, cat_prompts[i : i + size], names[::-1] if flip else names))
                     flip = not flip
     return steps
 
@@ -121,9 +116,7 @@ async def _run(
 ) -> BenchResult:
     res = BenchResult()
     skipped = sorted(
-        {n for n, a in arms.items() if a.spec.sequential}
-        if any(ld.concurrency != 1 for ld in cfg.loads())
-        else set()
+        {n for n, a in arms.items() if a.spec.sequential} if any(ld.concurrency != 1 for ld in cfg.loads()) else set()
     )
     if skipped:
         res.notes.append(f"arms {skipped} run one request at a time, so they only take part at c=1")
@@ -189,9 +182,7 @@ async def _window(
     return out, WindowRecord(arm.spec.name, window[0].category, load.label, run, wall, toks)
 
 
-async def _conversation(
-    arm: Arm, p: BenchPrompt, params: SamplingParams, load: Load, run: int
-) -> list[RequestRecord]:
+async def _conversation(arm: Arm, p: BenchPrompt, params: SamplingParams, load: Load, run: int) -> list[RequestRecord]:
     recs: list[RequestRecord] = []
     answers: list[str] = []
     for turn in range(len(p.turns)):
@@ -204,13 +195,7 @@ async def _conversation(
 
 
 async def _request(
-    arm: Arm,
-    p: BenchPrompt,
-    turn: int,
-    answers: list[str],
-    params: SamplingParams,
-    load: Load,
-    run: int,
+    arm: Arm, p: BenchPrompt, turn: int, answers: list[str], params: SamplingParams, load: Load, run: int
 ) -> RequestRecord:
     """One turn: time every piece as it arrives (see ``stats`` for the metric definitions)."""
     rec = RequestRecord(arm.spec.name, p.category, p.id, turn, load.label, run, 0, 0.0, 0.0)

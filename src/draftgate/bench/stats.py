@@ -147,9 +147,7 @@ def _total_tps_per_run(windows: Sequence[WindowRecord]) -> dict[int, float]:
     return out
 
 
-def summarize_group(
-    requests: Sequence[RequestRecord], windows: Sequence[WindowRecord]
-) -> dict[str, Any]:
+def summarize_group(requests: Sequence[RequestRecord], windows: Sequence[WindowRecord]) -> dict[str, Any]:
     """Every metric of one arm x category x load (see the module docstring)."""
     ok = [r for r in requests if r.error is None]
     per_run = _total_tps_per_run(windows)
@@ -161,9 +159,7 @@ def summarize_group(
         "tokens": sum(r.n_tokens for r in ok),
         "total_tps": statistics.median(per_run.values()) if per_run else math.nan,
         "total_tps_per_run": {str(k): v for k, v in sorted(per_run.items())},
-        "stream_tps": statistics.median(
-            [r.n_tokens / r.e2e_s for r in ok if r.e2e_s > 0] or [math.nan]
-        ),
+        "stream_tps": statistics.median([r.n_tokens / r.e2e_s for r in ok if r.e2e_s > 0] or [math.nan]),
         "ttft_s": distribution([r.ttft_s for r in ok]),
         "itl_s": distribution([x for r in ok for x in r.itl_s]),
         "e2e_s": distribution([r.e2e_s for r in ok]),
@@ -192,17 +188,12 @@ def decode_speedups(arm: Sequence[RequestRecord], baseline: Sequence[RequestReco
     return ratio_summary([a[r] / b[r] for r in sorted(a) if r in b and b[r] > 0])
 
 
-def latency_ratios(
-    arm: Sequence[RequestRecord], baseline: Sequence[RequestRecord]
-) -> dict[str, float]:
+def latency_ratios(arm: Sequence[RequestRecord], baseline: Sequence[RequestRecord]) -> dict[str, float]:
     """Per-run ratios of median end-to-end latency arm / baseline, as min / median / max (< 1 is faster)."""
 
     def per_run(rs: Sequence[RequestRecord]) -> dict[int, float]:
         ok = [r for r in rs if r.error is None]
-        return {
-            run: percentile([r.e2e_s for r in g], 50)
-            for run, g in group_by(ok, lambda r: r.run).items()
-        }
+        return {run: percentile([r.e2e_s for r in g], 50) for run, g in group_by(ok, lambda r: r.run).items()}
 
     a, b = per_run(arm), per_run(baseline)
     return ratio_summary([a[r] / b[r] for r in sorted(a) if r in b and b[r] > 0])

@@ -23,9 +23,7 @@ from draftgate.bench.stats import group_by
 __all__ = ["sweep_arms", "recommend", "format_recommendations"]
 
 
-def sweep_arms(
-    drafters: Sequence[str], ks: Sequence[int], include_auto: bool = True
-) -> tuple[ArmSpec, ...]:
+def sweep_arms(drafters: Sequence[str], ks: Sequence[int], include_auto: bool = True) -> tuple[ArmSpec, ...]:
     specs = [parse_arm("plain")]
     for d in drafters:
         if d == "plain":
@@ -34,57 +32,38 @@ def sweep_arms(
         if include_auto:
             specs.append(parse_arm(f"{d}:k=auto"))
     if any(s.kind != ArmKind.ENGINE for s in specs):
-        raise ValueError(
-            "sweep-k drafters must be engine drafters (ngram, suffix, auto, model, quant)"
-        )
+        raise ValueError("sweep-k drafters must be engine drafters (ngram, suffix, auto, model, quant)")
     return tuple(specs)
 
 
-def recommend(
-    report: dict[str, Any], min_speedup: float = 1.05, auto_tolerance: float = 0.03
-) -> list[dict[str, Any]]:
+def recommend(report: dict[str, Any], min_speedup: float = 1.05, auto_tolerance: float = 0.03) -> list[dict[str, Any]]:
     """One recommendation per (load, category) of the report (see the module docstring)."""
     base = report["meta"]["baseline"]
     lossy = {a for a, e in report["lossless"].get("arms", {}).items() if e["mismatches"]}
     out = []
-    for (load, cat), rows in group_by(
-        report["results"], lambda r: (r["load"], r["category"])
-    ).items():
+    for (load, cat), rows in group_by(report["results"], lambda r: (r["load"], r["category"])).items():
         cands = [
-            r for r in rows
-            if r["arm"] != base and r["arm"] not in lossy and not r["errors"]
-            and r["speedup"]["median"] is not None and not math.isnan(r["speedup"]["median"])
-        ]  # fmt: skip
-        rec: dict[str, Any] = {
-            "load": load,
-            "category": cat,
-            "enable": False,
-            "drafter": "none",
-            "k": 0,
-        }
+            r
+            for r in rows
+            if r["arm"] != base
+            and r["arm"] not in lossy
+            and not r["errors"]
+            and r["speedup"]["median"] is not None
+            and not math.isnan(r["speedup"]["median"])
+        ]
+        rec: dict[str, Any] = {"load": load, "category": cat, "enable": False, "drafter": "none", "k": 0}
         if not cands:
-            out.append(
-                {
-                    **rec,
-                    "expected_speedup": None,
-                    "arm": base,
-                    "reason": "no lossless candidate measured",
-                }
-            )
+            out.append({**rec, "expected_speedup": None, "arm": base, "reason": "no lossless candidate measured"})
             continue
         best = max(cands, key=lambda r: r["speedup"]["median"])
         spec = parse_arm(best["arm"])
         if best["speedup"]["median"] < min_speedup:
-            reason = (
-                f"best arm {best['arm']} gave {best['speedup']['median']:.2f}x < {min_speedup:.2f}x"
-            )
+            reason = f"best arm {best['arm']} gave {best['speedup']['median']:.2f}x < {min_speedup:.2f}x"
             out.append({**rec, "expected_speedup": 1.0, "arm": base, "reason": reason})
             continue
         assert spec.drafter is not None
         auto = next((r for r in cands if r["arm"] == f"{spec.drafter.value}:k=auto"), None)
-        if auto is not None and auto["speedup"]["median"] >= best["speedup"]["median"] * (
-            1 - auto_tolerance
-        ):
+        if auto is not None and auto["speedup"]["median"] >= best["speedup"]["median"] * (1 - auto_tolerance):
             best, k, reason = auto, "auto", "adaptive K within tolerance of the best fixed K"
         else:
             k, reason = spec.k if spec.k is not None else "auto", "best median speedup"

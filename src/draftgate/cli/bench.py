@@ -43,7 +43,8 @@ __all__ = ["register", "run_bench_cmd", "run_sweep_cmd"]
 
 ARM_HELP = (
     "comma-separated arms: plain, ngram, suffix, auto, model, quant, eagle (each optionally :k=N or :k=auto; "
-    "eagle and auto also :head=DIR), hf, hf-lookup[:k=N], llamacpp (llama.cpp's llama-server, built by `make llamacpp`), openai+http://HOST:PORT[/v1][?model=NAME] (default: %(default)s)"
+    "eagle and auto also :head=DIR), hf, hf-lookup[:k=N], llamacpp (llama.cpp's llama-server, built by "
+    "`make llamacpp`), openai+http://HOST:PORT[/v1][?model=NAME] (default: %(default)s)"
 )
 
 BENCH_DESCRIPTION = (
@@ -75,56 +76,21 @@ def _names(v: str) -> list[str]:
 
 def _add_common(p: argparse.ArgumentParser, out: str, runs: int, section: str) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument(
-        "--prompts",
-        type=Path,
-        default=None,
-        help="JSONL prompt file (default: the built-in prompts)",
-    )
-    g.add_argument(
-        "--categories", type=_names, default=None, help="only these categories (comma-separated)"
-    )
-    g.add_argument(
-        "--limit", type=int, default=None, help="at most N prompts in all (after --categories)"
-    )
+    g.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file (default: the built-in prompts)")
+    g.add_argument("--categories", type=_names, default=None, help="only these categories (comma-separated)")
+    g.add_argument("--limit", type=int, default=None, help="at most N prompts in all (after --categories)")
     g.add_argument("--per-category", type=int, default=None, help="at most N prompts per category")
-    g.add_argument(
-        "--concurrency", type=_ints, default=(1,), help="load levels, e.g. 1,4,16 (default: 1)"
-    )
-    g.add_argument(
-        "--rate",
-        type=float,
-        default=None,
-        help="Poisson arrivals per second instead of --concurrency",
-    )
-    g.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="prompts per interleaving window (default: concurrency)",
-    )
-    g.add_argument(
-        "--runs", type=int, default=runs, help="repetitions; ratios are min/median/max over runs"
-    )
-    g.add_argument(
-        "--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens"
-    )
+    g.add_argument("--concurrency", type=_ints, default=(1,), help="load levels, e.g. 1,4,16 (default: 1)")
+    g.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second instead of --concurrency")
+    g.add_argument("--window", type=int, default=None, help="prompts per interleaving window (default: concurrency)")
+    g.add_argument("--runs", type=int, default=runs, help="repetitions; ratios are min/median/max over runs")
+    g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up request per arm")
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    g.add_argument("--out", type=Path, default=Path(out), help="output folder (default: %(default)s)")
+    g.add_argument("--update-doc", type=Path, default=None, metavar="MD", help="also splice report.md into this page")
     g.add_argument(
-        "--out", type=Path, default=Path(out), help="output folder (default: %(default)s)"
-    )
-    g.add_argument(
-        "--update-doc",
-        type=Path,
-        default=None,
-        metavar="MD",
-        help="also splice report.md into this page",
-    )
-    g.add_argument(
-        "--doc-section",
-        default=section,
-        help="marker name of the section to replace (default: %(default)s)",
+        "--doc-section", default=section, help="marker name of the section to replace (default: %(default)s)"
     )
     add_sampling_args(p, max_new_tokens=128)
     add_engine_args(p, default_drafter="none")
@@ -135,75 +101,41 @@ def _add_common(p: argparse.ArgumentParser, out: str, runs: int, section: str) -
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
-        "bench",
-        help="benchmark arms side by side (throughput, TTFT, ITL, acceptance)",
-        description=BENCH_DESCRIPTION,
+        "bench", help="benchmark arms side by side (throughput, TTFT, ITL, acceptance)", description=BENCH_DESCRIPTION
     )
     p.add_argument("--arms", default="plain,ngram,suffix,auto", help=ARM_HELP)
-    p.add_argument(
-        "--baseline",
-        default="plain",
-        help="the arm ratios are taken against (default: %(default)s)",
-    )
+    p.add_argument("--baseline", default="plain", help="the arm ratios are taken against (default: %(default)s)")
     _add_common(p, out="bench-out", runs=3, section="engine")
     p.set_defaults(func=run_bench_cmd)
 
     s = sub.add_parser(
-        "sweep-k",
-        help="sweep drafters and K per category; recommend a route config",
-        description=SWEEP_DESCRIPTION,
+        "sweep-k", help="sweep drafters and K per category; recommend a route config", description=SWEEP_DESCRIPTION
     )
     s.add_argument(
-        "--drafters",
-        type=_names,
-        default=["ngram", "suffix"],
-        help="engine drafters (default: ngram,suffix)",
+        "--drafters", type=_names, default=["ngram", "suffix"], help="engine drafters (default: ngram,suffix)"
     )
-    s.add_argument(
-        "--ks", type=_ints, default=(1, 2, 4, 8), help="fixed K values (default: 1,2,4,8)"
-    )
-    s.add_argument(
-        "--no-auto", action="store_true", help="do not include each drafter's adaptive K"
-    )
-    s.add_argument(
-        "--min-speedup",
-        type=float,
-        default=1.05,
-        help="enable speculation above this (default: 1.05)",
-    )
+    s.add_argument("--ks", type=_ints, default=(1, 2, 4, 8), help="fixed K values (default: 1,2,4,8)")
+    s.add_argument("--no-auto", action="store_true", help="do not include each drafter's adaptive K")
+    s.add_argument("--min-speedup", type=float, default=1.05, help="enable speculation above this (default: 1.05)")
     _add_common(s, out="sweep-out", runs=2, section="sweep")
     s.set_defaults(func=run_sweep_cmd)
 
 
 def _bench_config(a: argparse.Namespace, specs: tuple[ArmSpec, ...], baseline: str) -> BenchConfig:
     if baseline not in {s.name for s in specs}:
-        raise ValueError(
-            f"--baseline {baseline!r} must be one of the arms {[s.name for s in specs]}"
-        )
+        raise ValueError(f"--baseline {baseline!r} must be one of the arms {[s.name for s in specs]}")
     params = SamplingParams(
-        a.temperature,
-        a.top_k,
-        a.top_p,
-        a.seed,
-        a.max_new_tokens,
-        tuple(a.stop),
-        ignore_eos=a.ignore_eos,
+        a.temperature, a.top_k, a.top_p, a.seed, a.max_new_tokens, tuple(a.stop), ignore_eos=a.ignore_eos
     )
-    return BenchConfig(
-        params.validate(), baseline, a.concurrency, a.rate, a.runs, a.window, not a.no_warmup
-    ).validate()
+    return BenchConfig(params.validate(), baseline, a.concurrency, a.rate, a.runs, a.window, not a.no_warmup).validate()
 
 
-def _run_with_progress(
-    arms: dict[str, Arm], prompts: list[BenchPrompt], cfg: BenchConfig
-) -> BenchResult:
+def _run_with_progress(arms: dict[str, Arm], prompts: list[BenchPrompt], cfg: BenchConfig) -> BenchResult:
     """run_bench with a tqdm bar on stderr; the arms are closed whatever happens."""
     from tqdm import tqdm
 
     try:
-        with tqdm(
-            total=1, file=sys.stderr, unit="step", dynamic_ncols=True, mininterval=0.5
-        ) as bar:
+        with tqdm(total=1, file=sys.stderr, unit="step", dynamic_ncols=True, mininterval=0.5) as bar:
 
             def progress(done: int, total: int, desc: str) -> None:
                 bar.total = total
@@ -218,12 +150,19 @@ def _run_with_progress(
 
 def _meta(ecfg: EngineConfig, path: Path, n_prompts: int, argv: list[str]) -> dict[str, Any]:
     return {
-        "model": ecfg.model, "device": ecfg.device, "dtype": ecfg.dtype, "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "machine": f"{platform.machine()} {platform.processor()}".strip(),
+        "model": ecfg.model,
+        "device": ecfg.device,
+        "dtype": ecfg.dtype,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} {platform.processor()}".strip(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "prompts": _shown_path(path), "prompts_count": n_prompts, "command": "draftgate " + " ".join(argv),
-        "cpu": _cpu(), "commit": _commit(),
-    }  # fmt: skip
+        "prompts": _shown_path(path),
+        "prompts_count": n_prompts,
+        "command": "draftgate " + " ".join(argv),
+        "cpu": _cpu(),
+        "commit": _commit(),
+    }
 
 
 def _shown_path(path: Path) -> str:
@@ -248,17 +187,28 @@ def _cpu() -> str:
     except OSError:
         return platform.processor() or platform.machine()
     name = info.get("model name", platform.machine())
-    return f"{name} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {cpu_level()}), {os.cpu_count()} CPUs"
+    family, model = info.get("cpu family", "?"), info.get("model", "?")
+    return f"{name} (family {family} model {model}, {cpu_level()}), {os.cpu_count()} CPUs"
 
 
 def _commit() -> str | None:
     """The checkout's commit (``+changes`` when tracked files differ from it); None outside a git checkout."""
     here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+changes" if dirty else "")
@@ -274,9 +224,7 @@ def _update_doc(a: argparse.Namespace, markdown: str) -> None:
     print(f"updated section {a.doc_section!r} of {a.update_doc}", file=sys.stderr)
 
 
-def _execute(
-    a: argparse.Namespace, specs: tuple[ArmSpec, ...], baseline: str
-) -> tuple[dict[str, Any], int]:
+def _execute(a: argparse.Namespace, specs: tuple[ArmSpec, ...], baseline: str) -> tuple[dict[str, Any], int]:
     """1. prompts and configs, 2. the model once and the arms, 3. the run, 4. the report; returns failures."""
     path = a.prompts or builtin_prompts_path()
     prompts = load_prompts(path, a.categories, a.limit, a.per_category)
@@ -297,10 +245,7 @@ def _execute(
     engine_arms = {s.name for s in specs if s.drafter is not None}
     lossy = sum(e["mismatches"] for n, e in report["lossless"]["arms"].items() if n in engine_arms)
     if lossy:
-        print(
-            f"draftgate: LOSSLESS CHECK FAILED: {lossy} outputs differ from {baseline}",
-            file=sys.stderr,
-        )
+        print(f"draftgate: LOSSLESS CHECK FAILED: {lossy} outputs differ from {baseline}", file=sys.stderr)
     return report, lossy + sum(r["errors"] for r in report["results"] if r["category"] == "all")
 
 
@@ -322,10 +267,11 @@ def run_sweep_cmd(a: argparse.Namespace) -> int:
     table = format_recommendations(recs)
     _update_doc(a, f"{doc_summary(report)}\n\nRecommended configuration per category:\n\n{table}")
     print(table)
-    routes = {r["category"]: {"enabled": r["enable"], "drafter": r["drafter"], "k": r["k"]}
-              for r in recs if r["load"] == report["meta"]["loads"][0]}  # fmt: skip
-    print(
-        f"\nper-route configuration ({report['meta']['loads'][0]}):\n{json.dumps(routes, indent=2)}"
-    )
+    routes = {
+        r["category"]: {"enabled": r["enable"], "drafter": r["drafter"], "k": r["k"]}
+        for r in recs
+        if r["load"] == report["meta"]["loads"][0]
+    }
+    print(f"\nper-route configuration ({report['meta']['loads'][0]}):\n{json.dumps(routes, indent=2)}")
     print(f"\nwrote {a.out / 'sweep.json'} and the full report in {a.out}")
     return 1 if failures else 0

@@ -56,7 +56,8 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         default=None,
         metavar="DIR",
         help="draft head folder (`draftgate distill --kind eagle`) for --drafter eagle and auto (auto drafts from it "
-        "where lookup proposes fewer than 3 tokens); default: the head shipped for the model, if any; 'none': auto without one",
+        "where lookup proposes fewer than 3 tokens); default: the head shipped for the model, if any; "
+        "'none': auto without one",
     )
     g.add_argument(
         "--draft-branch",
@@ -69,7 +70,9 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="weights: auto runs a GGUF model's own quantization (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) on the native "
         "kernels, float32 for HF folders; float32/bfloat16/float16 dequantize (default: %(default)s)",
     )
@@ -82,12 +85,19 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
         "(PyTorch's CPU kernels: slower, batch invariance not guaranteed) (default: %(default)s)",
     )
     g.add_argument(
-        "--kernel-level", default="auto", choices=["auto", *LEVELS],
+        "--kernel-level",
+        default="auto",
+        choices=["auto", *LEVELS],
         help="instruction set of the native kernels: auto (the best this CPU runs) or a lower one, to see what a "
         "CPU without the higher one's instructions gets (default: %(default)s)",
-    )  # fmt: skip
+    )
     g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
-    g.add_argument("--cache-dir", type=Path, default=None, help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)")
+    g.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:

@@ -27,11 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_engine_args(p, default_drafter="auto")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
-        "--runs", type=int, default=3,
+        "--runs",
+        type=int,
+        default=3,
         help="runs per prompt, plain and speculative alternating which goes first; the speedup shown is "
         "the median of the runs' ratios [min-max] (default: %(default)s; one run on a shared machine "
         "can be off by 20%%)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
 
 
@@ -44,7 +46,9 @@ def run(a: argparse.Namespace) -> int:
         print("draftgate: error: the demo compares against plain decoding; pick a drafter", file=sys.stderr)
         return 2
     print(f"loading {spec_cfg.model} ...", file=sys.stderr)
-    loaded = load_model(spec_cfg.model, dtype=spec_cfg.torch_dtype, cache_dir=spec_cfg.cache_dir, quantized=spec_cfg.quantized)
+    loaded = load_model(
+        spec_cfg.model, dtype=spec_cfg.torch_dtype, cache_dir=spec_cfg.cache_dir, quantized=spec_cfg.quantized
+    )
     plain_cfg = EngineConfig(**{**spec_cfg.__dict__, "drafter": DrafterKind.NONE, "k": 0})
     arms = {"plain": build_engine(plain_cfg, loaded), "spec": build_engine(spec_cfg, loaded)}
     params = SamplingParams(max_new_tokens=a.max_new_tokens)
@@ -88,7 +92,9 @@ def run(a: argparse.Namespace) -> int:
 
 def _print_table(rows: list[tuple], cfg: EngineConfig) -> None:  # type: ignore[type-arg]
     k = "auto" if cfg.k is None else str(cfg.k)
-    print(f"\nDraftGate demo: {cfg.model}, drafter={cfg.drafter.value}, K={k}, greedy, {cfg.device}, --dtype {cfg.dtype}")
+    print(
+        f"\nDraftGate demo: {cfg.model}, drafter={cfg.drafter.value}, K={k}, greedy, {cfg.device}, --dtype {cfg.dtype}"
+    )
     print("tok/s: medians over the runs; speedup: the median of each run's spec/plain ratio [min-max]")
     head = ("prompt", "plain tok/s", "spec tok/s", "speedup", "acceptance", "mean acc. len", "identical")
     print("| " + " | ".join(head) + " |")

@@ -42,9 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--target",
-        default="smollm2-135m",
-        help="target model: name, .gguf or HF folder (default: %(default)s)",
+        "--target", default="smollm2-135m", help="target model: name, .gguf or HF folder (default: %(default)s)"
     )
     p.add_argument(
         "--kind",
@@ -53,8 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="model: a small draft LM; eagle: a draft head on the target's hidden states (default: %(default)s)",
     )
     p.add_argument(
-        "--data", type=Path, nargs="+", required=True,
-        help="JSONL file(s), read in order: one of messages / prompt / turns / text per line"
+        "--data",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="JSONL file(s), read in order: one of messages / prompt / turns / text per line",
     )
     p.add_argument(
         "--out",
@@ -69,18 +70,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="eagle: held-out prompts for the agreement (default: 5%% of --data)",
     )
-    p.add_argument(
-        "--rollout", type=int, default=2, help="eagle: training-time-test steps (default: %(default)s)"
-    )
+    p.add_argument("--rollout", type=int, default=2, help="eagle: training-time-test steps (default: %(default)s)")
     p.add_argument(
         "--feature-noise",
         type=float,
         default=0.2,
         help="eagle: Gaussian noise on the normalised features while training (default: %(default)s)",
     )
-    p.add_argument(
-        "--weight-decay", type=float, default=0.05, help="eagle: AdamW weight decay (default: %(default)s)"
-    )
+    p.add_argument("--weight-decay", type=float, default=0.05, help="eagle: AdamW weight decay (default: %(default)s)")
     p.add_argument(
         "--feature-loss",
         type=float,
@@ -120,14 +117,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(default: cuda when this torch sees a GPU, else cpu)",
     )
     p.add_argument(
-        "--layers",
-        type=int,
-        default=4,
-        help="draft layers, copied evenly from the target (default: %(default)s)",
+        "--layers", type=int, default=4, help="draft layers, copied evenly from the target (default: %(default)s)"
     )
-    p.add_argument(
-        "--hidden", type=int, default=None, help="draft width (default: the target's, initialized from it)"
-    )
+    p.add_argument("--hidden", type=int, default=None, help="draft width (default: the target's, initialized from it)")
     p.add_argument(
         "--vocab-subset",
         type=int,
@@ -140,27 +132,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--lr", type=float, default=None, help="peak learning rate, cosine decay (default: model 3e-4, eagle 2e-3)"
     )
     p.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="softening temperature for the KL term (default: %(default)s)",
+        "--temperature", type=float, default=1.0, help="softening temperature for the KL term (default: %(default)s)"
     )
     p.add_argument(
         "--alpha", type=float, default=0.5, help="KL weight; 1-alpha on cross-entropy (default: %(default)s)"
     )
-    p.add_argument(
-        "--max-new-tokens", type=int, default=128, help="target continuation length (default: %(default)s)"
-    )
-    p.add_argument(
-        "--max-len", type=int, default=512, help="longest training sequence (default: %(default)s)"
-    )
-    p.add_argument(
-        "--top-k", type=int, default=32, help="target logits kept per position (default: %(default)s)"
-    )
+    p.add_argument("--max-new-tokens", type=int, default=128, help="target continuation length (default: %(default)s)")
+    p.add_argument("--max-len", type=int, default=512, help="longest training sequence (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=32, help="target logits kept per position (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="data order and init (default: %(default)s)")
-    p.add_argument(
-        "--checkpoint-every", type=int, default=50, help="steps between checkpoints (default: %(default)s)"
-    )
+    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default: %(default)s)")
     p.add_argument(
         "--max-minutes",
         type=float,
@@ -182,21 +163,50 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(a: argparse.Namespace) -> int:
     a.data = tuple(a.data)
-    common = {k: getattr(a, k) for k in ("target", "data", "out", "alpha", "max_new_tokens", "max_len", "top_k",
-                                         "seed", "checkpoint_every", "max_minutes", "resume")}  # fmt: skip
+    common = {
+        k: getattr(a, k)
+        for k in (
+            "target",
+            "data",
+            "out",
+            "alpha",
+            "max_new_tokens",
+            "max_len",
+            "top_k",
+            "seed",
+            "checkpoint_every",
+            "max_minutes",
+            "resume",
+        )
+    }
     pick = lambda v, model, eagle: (eagle if a.kind == "eagle" else model) if v is None else v  # noqa: E731
-    sizes = {"vocab_subset": pick(a.vocab_subset, 8192, 4096), "steps": pick(a.steps, 300, 1000),
-             "batch": pick(a.batch, 16, 12), "lr": pick(a.lr, 3e-4, 2e-3)}  # fmt: skip
+    sizes = {
+        "vocab_subset": pick(a.vocab_subset, 8192, 4096),
+        "steps": pick(a.steps, 300, 1000),
+        "batch": pick(a.batch, 16, 12),
+        "lr": pick(a.lr, 3e-4, 2e-3),
+    }
     if a.kind == "eagle":
         import torch
 
         from draftgate.train.eagle import train_eagle
         from draftgate.train.eagle_config import EagleConfig
 
-        cfg_e = EagleConfig(**common, **sizes, eval_data=a.eval_data, rollout=a.rollout, rollout_warmup=a.rollout_warmup,
-                            feature_noise=a.feature_noise, feature_loss=a.feature_loss, data_share=a.data_share, weight_decay=a.weight_decay, continuations=a.continuations,
-                            sample_temperature=a.sample_temperature, precision=a.precision,
-                            device=a.device or ("cuda" if torch.cuda.is_available() else "cpu")).validate()  # fmt: skip
+        cfg_e = EagleConfig(
+            **common,
+            **sizes,
+            eval_data=a.eval_data,
+            rollout=a.rollout,
+            rollout_warmup=a.rollout_warmup,
+            feature_noise=a.feature_noise,
+            feature_loss=a.feature_loss,
+            data_share=a.data_share,
+            weight_decay=a.weight_decay,
+            continuations=a.continuations,
+            sample_temperature=a.sample_temperature,
+            precision=a.precision,
+            device=a.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        ).validate()
         report: object = train_eagle(cfg_e, log=(lambda s: None) if a.json else print)
     else:
         if a.device not in (None, "cpu"):

@@ -30,7 +30,13 @@ def _optional_commands() -> list:  # type: ignore[type-arg]
     import importlib
 
     mods = []
-    for name in ("draftgate.cli.bench", "draftgate.cli.serve", "draftgate.cli.workers", "draftgate.cli.distill", "draftgate.cli.check_lossless"):
+    for name in (
+        "draftgate.cli.bench",
+        "draftgate.cli.serve",
+        "draftgate.cli.workers",
+        "draftgate.cli.distill",
+        "draftgate.cli.check_lossless",
+    ):
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as e:

@@ -50,7 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="roll speculation back when its canary arm is this much worse (default: %(default)s)",
     )
     o.add_argument(
-        "--canary-min-samples", type=int, default=20, help="requests per canary arm before a verdict (default: %(default)s)"
+        "--canary-min-samples",
+        type=int,
+        default=20,
+        help="requests per canary arm before a verdict (default: %(default)s)",
     )
     o.add_argument(
         "--lossless-fraction",

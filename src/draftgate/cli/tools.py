@@ -50,11 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         f"CONFIG: a named shape ({', '.join(NAMED_SHAPES)}), an HF config.json or a folder "
         "holding one, or a .gguf file (metadata only)."
     )
-    p = sub.add_parser("check-pair", help="check that a draft model fits a target", description=_PAIR_HELP, formatter_class=raw)
+    p = sub.add_parser(
+        "check-pair", help="check that a draft model fits a target", description=_PAIR_HELP, formatter_class=raw
+    )
     p.add_argument("target", help="target model: smollm2-135m (bundled), a .gguf file or an HF folder")
     p.add_argument("draft", help="draft model: same forms as TARGET")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where parsed GGUF weights are cached (default: ~/.cache/draftgate)",
+    )
     p.set_defaults(func=run_check_pair)
 
     p = sub.add_parser(
@@ -65,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=raw,
     )
     p.add_argument("--target", required=True, metavar="CONFIG", help="the target's shape (see below)")
-    p.add_argument("--draft", metavar="CONFIG", default=None, help="the draft's shape (omit for n-gram/suffix drafting)")
+    p.add_argument(
+        "--draft", metavar="CONFIG", default=None, help="the draft's shape (omit for n-gram/suffix drafting)"
+    )
     p.add_argument("--gpu-memory", type=float, required=True, metavar="GiB", help="GPU memory budget in GiB")
     p.add_argument("--dtype", default="bf16", choices=get_args(WeightDtype), help="weight dtype (default: %(default)s)")
     p.add_argument(
@@ -165,7 +174,9 @@ def _format_plan(plan: MemoryPlan, target: str, draft: str | None) -> str:
     lines.append(row("system reserve (activations, CUDA context)", plan.reserve_bytes))
     used = plan.weight_bytes + plan.kv_bytes("target") + plan.kv_bytes("draft") + plan.reserve_bytes
     lines += [row("total", used), row("GPU memory budget", plan.budget_bytes)]
-    lines.append(f"fits {plan.seqs_fit} concurrent sequences of {C} tokens ({plan.kv_bytes_per_seq / GIB:.2f} GiB KV each)")
+    lines.append(
+        f"fits {plan.seqs_fit} concurrent sequences of {C} tokens ({plan.kv_bytes_per_seq / GIB:.2f} GiB KV each)"
+    )
     if plan.max_seqs is not None:
         lines.append(f"--max-seqs {plan.max_seqs}: " + ("fits" if plan.max_seqs_fit else "does NOT fit"))
     if plan.draft is not None:

@@ -60,17 +60,24 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
     g.add_argument(
         "--model",
         default=model_default,
-        help="smollm2-135m (bundled), a .gguf file or an HF folder" + (" (default: %(default)s)" if model_default else ""),
+        help="smollm2-135m (bundled), a .gguf file or an HF folder"
+        + (" (default: %(default)s)" if model_default else ""),
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="weights: auto runs a GGUF model's own quantization (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) on the native "
         "kernels, float32 for HF folders; float32/bfloat16/float16 dequantize (default: %(default)s)",
     )
     g.add_argument("--threads", type=_positive, default=None, help="CPU threads for the forward (default: all cores)")
-    g.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"],
-                   help="forward implementation (see `draftgate generate --help`) (default: %(default)s)")
+    g.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "native", "torch"],
+        help="forward implementation (see `draftgate generate --help`) (default: %(default)s)",
+    )
     g.add_argument("--kv-blocks", type=_positive, default=kv_blocks, help="KV cache blocks (default: %(default)s)")
     g.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (default: %(default)s)")
     g.add_argument("--cache-dir", type=Path, default=None, help="where dequantized GGUF weights are cached")
@@ -92,7 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _model_args(t, "smollm2-135m", 1024)
     _server_args(t, 50051)
-    t.add_argument("--max-batch", type=_positive, default=64, help="most sessions' rounds in one forward (default: %(default)s)")
+    t.add_argument(
+        "--max-batch", type=_positive, default=64, help="most sessions' rounds in one forward (default: %(default)s)"
+    )
     t.set_defaults(func=run_target)
 
     d = sub.add_parser(

@@ -26,7 +26,19 @@ import torch
 
 from draftgate.types import SamplingParams
 
-__all__ = ["DraftRequest", "Draft", "SparseQ", "Drafter", "Abilities", "FeatureReader", "Source", "SourceChooser", "mass_at_drafts", "is_one_hot", "draft_problem"]
+__all__ = [
+    "DraftRequest",
+    "Draft",
+    "SparseQ",
+    "Drafter",
+    "Abilities",
+    "FeatureReader",
+    "Source",
+    "SourceChooser",
+    "mass_at_drafts",
+    "is_one_hot",
+    "draft_problem",
+]
 
 
 @dataclass(frozen=True)

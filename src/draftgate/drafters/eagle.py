@@ -217,7 +217,9 @@ class EagleDrafter:
     def _synced(r: DraftRequest, s: _Seq) -> bool:
         """The head holds exactly the true entries up to the pending token's predecessor, and their output."""
         c = s.cache
-        return c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
+        return (
+            c is not None and c.start + c.n == len(r.tokens) - 1 and s.last_h is not None and s.last_logits is not None
+        )
 
     def _runner_up(self, q: torch.Tensor, at: int, conf: float) -> int | None:
         """The head's runner-up token beside a draft at subset index ``at`` of q [Vs], on a path of

@@ -47,7 +47,9 @@ class ModelDrafter:
     sampled_q = True
     abilities = Abilities()  # none beyond the protocol
 
-    def __init__(self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None, one_hot: bool = False) -> None:
+    def __init__(
+        self, runner: ModelRunner, name: str = "model", q_top_n: int | None = None, one_hot: bool = False
+    ) -> None:
         """``one_hot``: draft q's most likely token under sampling too (no q: verified by matching the target's
         own position-keyed choice), so a seeded request's tokens never depend on which rounds were drafted."""
         if q_top_n is not None and q_top_n < 1:
@@ -84,7 +86,9 @@ class ModelDrafter:
             g = self._gens[r.seq_id] = torch.Generator().manual_seed(derive_seed(seed, "model"))
         return g
 
-    def _sample(self, lg: torch.Tensor, r: DraftRequest) -> tuple[int, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    def _sample(
+        self, lg: torch.Tensor, r: DraftRequest
+    ) -> tuple[int, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
         """A token drawn from q (after the request's transforms) and that q: dense [V] or sparse ([M], [M])."""
         p = r.params
         q = logits_to_probs(lg[None], p.temperature, p.top_k, p.top_p)[0]  # [V]

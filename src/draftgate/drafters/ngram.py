@@ -78,9 +78,7 @@ class NgramDrafter:
             drafts.append(Draft(token_ids=toks, context=n))
         return drafts
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         """Index the tokens committed this round (the outcome itself is not used)."""
         self._sync(seq_id, tokens)
 
@@ -98,11 +96,7 @@ class NgramDrafter:
         """Bring the sequence's index up to ``tokens``, rebuilding if it was truncated."""
         index = self._seqs.get(seq_id)
         seen = len(index.tokens) if index is not None else 0
-        if (
-            index is None
-            or len(tokens) < seen
-            or (seen and int(tokens[seen - 1]) != index.tokens[-1])
-        ):
+        if index is None or len(tokens) < seen or (seen and int(tokens[seen - 1]) != index.tokens[-1]):
             index = self._seqs[seq_id] = _SeqIndex()
             seen = 0
         hist = index.tokens

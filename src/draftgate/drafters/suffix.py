@@ -234,9 +234,7 @@ class SuffixDrafter:
     name = "suffix"
     sampled_q = False
 
-    def __init__(
-        self, max_depth: int = 24, min_prob: float = 0.1, global_capacity_tokens: int = 200_000
-    ) -> None:
+    def __init__(self, max_depth: int = 24, min_prob: float = 0.1, global_capacity_tokens: int = 200_000) -> None:
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
         if not 0.0 <= min_prob <= 1.0:
@@ -273,9 +271,7 @@ class SuffixDrafter:
             out.append(Draft(token_ids=m.token_ids, context=m.depth if m.token_ids else 0))
         return out
 
-    def observe(
-        self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int
-    ) -> None:
+    def observe(self, seq_id: int, tokens: Sequence[int], num_drafted: int, num_accepted: int) -> None:
         """Index the tokens committed this round (the outcome itself is not used)."""
         self._sync(seq_id, tokens)
 

@@ -25,9 +25,7 @@ class AcceptanceTracker:
     rarely reaches inherits the one before it rather than a fixed guess.
     """
 
-    def __init__(
-        self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0
-    ) -> None:
+    def __init__(self, k_max: int, window: int = 64, prior_alpha: float = 0.5, prior_weight: float = 2.0) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max!r}")
         if window < 1:

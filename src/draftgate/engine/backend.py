@@ -146,7 +146,9 @@ class Backend:
         finally:
             s.cancel()
 
-    def complete(self, prompt: Prompt, params: SamplingParams, raw: bool = False, on_chunk: Sink | None = None) -> Completion:
+    def complete(
+        self, prompt: Prompt, params: SamplingParams, raw: bool = False, on_chunk: Sink | None = None
+    ) -> Completion:
         """Blocking: run one request to the end (RuntimeError on an error chunk)."""
         ids = self._ids(prompt, raw)
         q: queue.SimpleQueue[Chunk] = queue.SimpleQueue()

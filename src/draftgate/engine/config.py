@@ -35,7 +35,9 @@ class EngineConfig:
     k: int | None = None  # None: adaptive (goodput controller); 0..k_max: fixed
     k_max: int = 8  # most draft tokens per round
     draft_model: str | None = None  # for drafter=model (same tokenizer as the target)
-    draft_head: str | None = None  # a head folder; None: the one shipped for the model (eagle, auto); "none": auto without
+    draft_head: str | None = (
+        None  # a head folder; None: the one shipped for the model (eagle, auto); "none": auto without
+    )
     # A draft head's runner-up beside each chain token goes along as a leaf of a draft tree where the path to it
     # is at least this likely (verified in the same forward under a tree attention mask); 0: never
     draft_branch: float = 0.15

@@ -154,9 +154,7 @@ class GoodputController:
         """The last ``choose_k`` returned a probe (a round to measure, not one expected to pay)."""
         return self._probing and not self._probe_seen
 
-    def choose_k(
-        self, cost: CostModel, other_tokens: int = 0, catch_up: int = 0, remaining: int | None = None
-    ) -> int:
+    def choose_k(self, cost: CostModel, other_tokens: int = 0, catch_up: int = 0, remaining: int | None = None) -> int:
         """K for this round.
 
         other_tokens: tokens other sequences put in the same forward. catch_up: tokens the
@@ -197,7 +195,11 @@ class GoodputController:
             )
             t_catch = 0.0 if measure else cost.catch_up_time(self.drafter, catch_up)
             k = self._funded_probe(cost, steps, t_plain, t_catch)
-            if k and not measure and not self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=OPTIMISM):
+            if (
+                k
+                and not measure
+                and not self._worth_catching_up(cost, steps, t_plain, catch_up, remaining, k, z=OPTIMISM)
+            ):
                 self._zero_run, k = 0, 0  # even an optimistic probe would not repay its catch-up: back off without it
                 self.interval = min(2 * self.interval, self.max_probe_interval)
             elif k:
@@ -214,7 +216,14 @@ class GoodputController:
         return k
 
     def _worth_catching_up(
-        self, cost: CostModel, steps: list[float], t_plain: float, catch_up: int, remaining: int | None, k: int, z: float
+        self,
+        cost: CostModel,
+        steps: list[float],
+        t_plain: float,
+        catch_up: int,
+        remaining: int | None,
+        k: int,
+        z: float,
     ) -> bool:
         """Whether drafting k now, after catching the drafter up on catch_up tokens, can pay off:
         the time speculation at this K saves over the remaining tokens exceeds the catch-up."""

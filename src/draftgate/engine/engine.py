@@ -352,8 +352,12 @@ class Engine(Backend):
             except Exception:
                 pass  # the request is over either way; its sink must still hear so
         toks = tokens or []
-        text = r.detok.delta(self.tokenizer.decode, toks, final=True) if r.detok is not None and reason != "error" else ""
-        chunk = Chunk(toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt), accepted=accepted)
+        text = (
+            r.detok.delta(self.tokenizer.decode, toks, final=True) if r.detok is not None and reason != "error" else ""
+        )
+        chunk = Chunk(
+            toks, text, reason, error=error, stats=r.seq.stats, prompt_tokens=len(r.seq.prompt), accepted=accepted
+        )
         self._deliver(r, chunk)
 
     def _deliver(self, r: _Req, chunk: Chunk) -> None:

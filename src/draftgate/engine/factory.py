@@ -162,7 +162,8 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
         where = "CPU kernels (--kernels torch)" if runner.device.type == "cpu" else f"kernels on {runner.device}"
         logging.getLogger(__name__).warning(
             "speculation on PyTorch's %s: greedy output may differ from plain decoding near ties (a K+1-row "
-            "verify may round differently from a one-row decode); the native CPU kernels are batch invariant", where
+            "verify may round differently from a one-row decode); the native CPU kernels are batch invariant",
+            where,
         )
     return runner
 

@@ -40,8 +40,9 @@ def first_token(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Te
     p = params
     u = uniforms if uniforms is not None else torch.zeros(1, 2, dtype=torch.float64)  # [1, 2]
     one = lambda v, dt: torch.tensor([v], dtype=dt)  # noqa: E731
-    choice = target_choice(logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64),
-                           one(p.top_p, torch.float32), u[:, 1])  # fmt: skip
+    choice = target_choice(
+        logits, one(p.temperature, torch.float32), one(p.top_k, torch.int64), one(p.top_p, torch.float32), u[:, 1]
+    )
     return int(choice[0])
 
 
@@ -175,7 +176,9 @@ def _forward_item(r: Round, tree: tuple[tuple[int, int], ...]) -> ForwardItem:
     """The round's rows for the forward: [pending token, drafts..., tree nodes...], one logit row each."""
     drafts = r.draft.token_ids
     parents = [-1, *range(len(drafts)), *(p for p, _ in tree)] if tree else None
-    return ForwardItem(r.seq_id, [r.history[-1], *drafts, *(t for _, t in tree)], len(drafts) + 1 + len(tree), parents=parents)
+    return ForwardItem(
+        r.seq_id, [r.history[-1], *drafts, *(t for _, t in tree)], len(drafts) + 1 + len(tree), parents=parents
+    )
 
 
 def _round_draft(r: Round, tree: tuple[tuple[int, int], ...]) -> RoundDraft:

@@ -134,7 +134,12 @@ class Round:
     ) -> None:
         """The target's answer for this sequence (the outcome fields above)."""
         self.emitted, self.accepted, self.branch_rows = list(emitted), accepted, branch_rows
-        self.approximate, self.fallback, self.target_decoded, self.declined = approximate, fallback, target_decoded, declined
+        self.approximate, self.fallback, self.target_decoded, self.declined = (
+            approximate,
+            fallback,
+            target_decoded,
+            declined,
+        )
 
     def fail(self, error: str) -> None:
         """This sequence's target failed: the request ends with ``error``."""

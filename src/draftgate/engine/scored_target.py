@@ -96,7 +96,9 @@ class ScoredTarget:
         r.done(out.emitted[0], out.accepted[0], approximate=p.temperature > 0 and not self.info.exact_sampling)
 
 
-def verify_choices(drafts: Sequence[int], choices: Sequence[int], after: int | None, vocab_size: int) -> tuple[list[int], int]:
+def verify_choices(
+    drafts: Sequence[int], choices: Sequence[int], after: int | None, vocab_size: int
+) -> tuple[list[int], int]:
     """Greedy verification against a target's own choices: (emitted, accepted).
 
     ``choices[j]`` is the target's greedy token after history + drafts[:j] (known up to the first

@@ -89,9 +89,13 @@ class SessionHost:
         self._stopping = False
         self.sessions_total = 0  # sessions ever opened
         self.engine = Engine(
-            LocalTarget(runner), _SentDrafts(self._sessions), k=MAX_DRAFT_TOKENS, k_max=MAX_DRAFT_TOKENS,
-            max_batch=max_batch, max_queue=max_queue,
-        )  # fmt: skip
+            LocalTarget(runner),
+            _SentDrafts(self._sessions),
+            k=MAX_DRAFT_TOKENS,
+            k_max=MAX_DRAFT_TOKENS,
+            max_batch=max_batch,
+            max_queue=max_queue,
+        )
 
     # ------------------------------------------------------------ public, any thread
 
@@ -100,7 +104,9 @@ class SessionHost:
         self._stopping = True
         self.engine.shutdown()
 
-    def open(self, prompt: Sequence[int], params: SamplingParams, max_draft_tokens: int) -> tuple[int, cf.Future[Chunk]]:
+    def open(
+        self, prompt: Sequence[int], params: SamplingParams, max_draft_tokens: int
+    ) -> tuple[int, cf.Future[Chunk]]:
         """Start a session; the future gives the first token. Raises BadRequestError on bad input."""
         if self._stopping:
             raise WorkerShuttingDown("the target worker is shutting down")
@@ -109,9 +115,13 @@ class SessionHost:
         sess = _Session(cf.Future())
         with self._lock:  # registered before the engine can answer it
             ticket = self.engine.submit(
-                [int(t) for t in prompt], params, lambda c: self._answer(sess, c), k_max=max_draft_tokens,
-                text=False, ready=sess.ready,
-            )  # fmt: skip
+                [int(t) for t in prompt],
+                params,
+                lambda c: self._answer(sess, c),
+                k_max=max_draft_tokens,
+                text=False,
+                ready=sess.ready,
+            )
             sess.ticket = ticket
             self._sessions[ticket.seq_id] = sess
             self.sessions_total += 1
@@ -179,7 +189,11 @@ class SessionHost:
         if c.finish_reason == "error":
             _resolve(fut, error=RuntimeError(c.error or "the target failed"))
         elif c.finish_reason == "abort":
-            gone = WorkerShuttingDown("the target worker shut down") if self._stopping else SessionGone("the session was closed")
+            gone = (
+                WorkerShuttingDown("the target worker shut down")
+                if self._stopping
+                else SessionGone("the session was closed")
+            )
             _resolve(fut, error=gone)
         else:
             _resolve(fut, c)

@@ -32,7 +32,9 @@ from draftgate.engine.target import RoundTarget
 __all__ = ["speculative_step"]
 
 
-def speculative_step(target: RoundTarget, drafter: Drafter | None, policy: SpeculationPolicy, rounds: Sequence[Round]) -> None:
+def speculative_step(
+    target: RoundTarget, drafter: Drafter | None, policy: SpeculationPolicy, rounds: Sequence[Round]
+) -> None:
     """One round for every sequence in ``rounds``, filled in place (``kept``: what each emits).
 
     Timed for the policy: ``draft_s`` the draft call, ``forward_s`` everything else a round costs
@@ -55,7 +57,10 @@ def speculative_step(target: RoundTarget, drafter: Drafter | None, policy: Specu
 
 def _draft(drafter: Drafter, rounds: Sequence[Round], vocab_size: int) -> None:
     """Each round's draft (none where k == 0); ``draft_failed`` where drafting failed or did not fit."""
-    reqs = [DraftRequest(r.seq_id, r.history, r.k, r.params, None if r.params.greedy or not r.k else r.uniforms_for(r.k)) for r in rounds]
+    reqs = [
+        DraftRequest(r.seq_id, r.history, r.k, r.params, None if r.params.greedy or not r.k else r.uniforms_for(r.k))
+        for r in rounds
+    ]
     proposed: list[Draft | None]
     try:
         proposed = list(drafter.propose(reqs))

@@ -51,7 +51,9 @@ class TargetInfo:
     pricer: DraftPricer | None = None  # it prices lookup drafts itself (None: by forward rows, engine.pricing)
 
 
-def check_prompt(prompt_ids: Sequence[int], max_new_tokens: int, vocab_size: int | None, max_context: int | None) -> None:
+def check_prompt(
+    prompt_ids: Sequence[int], max_new_tokens: int, vocab_size: int | None, max_context: int | None
+) -> None:
     """The one check of a prompt against a target (None: not known here): BadRequestError saying what to do."""
     if not prompt_ids:
         raise BadRequestError("the prompt is empty")

@@ -91,9 +91,7 @@ class KVManager:
             raise ValueError(f"sequence {child_id} already exists")
         for b in parent.blocks:
             self._alloc.incref(b)
-        self._seqs[child_id] = _Seq(
-            list(parent.blocks), parent.length, list(parent.hashes), list(parent.slots)
-        )
+        self._seqs[child_id] = _Seq(list(parent.blocks), parent.length, list(parent.hashes), list(parent.slots))
 
     def free(self, seq_id: int) -> None:
         """Release all blocks of a sequence. Unknown ids raise KeyError: a double free is a bug."""
@@ -147,9 +145,7 @@ class KVManager:
         """
         seq = self._get(seq_id)
         if len(tokens) > seq.length:
-            raise ValueError(
-                f"commit of {len(tokens)} tokens but sequence {seq_id} has only {seq.length} slots"
-            )
+            raise ValueError(f"commit of {len(tokens)} tokens but sequence {seq_id} has only {seq.length} slots")
         if self._cache is None:
             return
         bs = self._bs

@@ -66,9 +66,7 @@ class PrefixCache:
 
     # -- lookups -------------------------------------------------------------
 
-    def match(
-        self, tokens: Sequence[int], max_blocks: int | None = None
-    ) -> tuple[list[int], list[BlockHash]]:
+    def match(self, tokens: Sequence[int], max_blocks: int | None = None) -> tuple[list[int], list[BlockHash]]:
         """Longest cached run of full-block prefixes of ``tokens``: (block ids, their hashes).
 
         Takes one reference per returned block for the caller (see module docstring).
@@ -108,8 +106,7 @@ class PrefixCache:
         """
         if len(tokens) != self._allocator.block_size:
             raise ValueError(
-                f"only full blocks are cached: got {len(tokens)} tokens, "
-                f"block_size is {self._allocator.block_size}"
+                f"only full blocks are cached: got {len(tokens)} tokens, block_size is {self._allocator.block_size}"
             )
         h = block_hash(parent, tokens)
         cached_as = self._hash_of.get(block_id)

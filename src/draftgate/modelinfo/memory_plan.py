@@ -220,8 +220,7 @@ def _with_warnings(plan: MemoryPlan, target: ModelConfig, draft: ModelConfig | N
         )
     if plan.context > target.max_position_embeddings:
         warnings.append(
-            f"--context {plan.context} exceeds the target's max_position_embeddings "
-            f"{target.max_position_embeddings}"
+            f"--context {plan.context} exceeds the target's max_position_embeddings {target.max_position_embeddings}"
         )
     if draft is not None and plan.context > draft.max_position_embeddings:
         warnings.append(

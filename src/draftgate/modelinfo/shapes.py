@@ -34,19 +34,37 @@ def _llama3(
 ) -> ModelConfig:
     """Every Llama 3.x: vocabulary 128256, 8 KV heads, bos 128000."""
     return ModelConfig(
-        vocab_size=128256, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-        num_heads=heads, num_kv_heads=8, head_dim=head_dim, rope_theta=_L3_ROPE, rope_scaling=scaling,
-        max_position_embeddings=ctx, tie_word_embeddings=tied, bos_token_id=128000,
-    )  # fmt: skip
+        vocab_size=128256,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=head_dim,
+        rope_theta=_L3_ROPE,
+        rope_scaling=scaling,
+        max_position_embeddings=ctx,
+        tie_word_embeddings=tied,
+        bos_token_id=128000,
+    )
 
 
 def _smollm2(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, rope: float) -> ModelConfig:
     """SmolLM2: vocabulary 49152, head_dim 64, tied embeddings, 8k context."""
     return ModelConfig(
-        vocab_size=49152, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=64, rope_theta=rope,
-        max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
-    )  # fmt: skip
+        vocab_size=49152,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=64,
+        rope_theta=rope,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    )
 
 
 # The public config.json of each model (meta-llama/*, HuggingFaceTB/SmolLM2-*).

@@ -61,7 +61,9 @@ class RaggedBatch:
 
     def positions(self) -> list[int]:
         """[N] absolute position of each new token (in a tree: the context's length plus its depth)."""
-        return [S - n + d for b, (S, n) in enumerate(zip(self.ctx_lens, self.new_lens, strict=True)) for d in self.depths(b)]
+        return [
+            S - n + d for b, (S, n) in enumerate(zip(self.ctx_lens, self.new_lens, strict=True)) for d in self.depths(b)
+        ]
 
     def slot_indices(self) -> list[int]:
         """[N] where in its sequence's slots each new token's KV goes (its position, for a chain)."""

@@ -150,9 +150,7 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
         low_wavelen = rs.original_max_position / rs.low_freq_factor
         high_wavelen = rs.original_max_position / rs.high_freq_factor
         wavelen = 2 * math.pi / inv
-        smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (
-            rs.high_freq_factor - rs.low_freq_factor
-        )
+        smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
         blended = (1 - smooth) * inv / rs.factor + smooth * inv
         inv = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
         mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)

@@ -44,8 +44,7 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
 class EagleHead(nn.Module):
     def __init__(self, tcfg: ModelConfig, feature_layers: tuple[int, ...], vocab_ids: torch.Tensor) -> None:
         super().__init__()
-        C, D, H, Hkv, Fh = (tcfg.hidden_size, tcfg.head_dim, tcfg.num_heads, tcfg.num_kv_heads,
-                            tcfg.intermediate_size)  # fmt: skip
+        C, D, H, Hkv, Fh = (tcfg.hidden_size, tcfg.head_dim, tcfg.num_heads, tcfg.num_kv_heads, tcfg.intermediate_size)
         self.tcfg, self.feature_layers = tcfg, tuple(feature_layers)
         # Each layer's features RMS-normalised first: the residual stream's scale grows with depth
         # (and a few dimensions carry massive activations), so raw concatenation lets one layer drown the rest.
@@ -188,11 +187,14 @@ class EagleHead(nn.Module):
         """Every product's weight [N, K], q|k|v and gate|up concatenated (one product each)."""
         assert self.out_rows is not None, "attach_target first"
         return {
-            "fuse": self.fuse.weight, "inp": self.inp.weight,
+            "fuse": self.fuse.weight,
+            "inp": self.inp.weight,
             "qkv": torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
-            "o": self.o_proj.weight, "gate_up": torch.cat([self.gate_proj.weight, self.up_proj.weight]),
-            "down": self.down_proj.weight, "out": self.out_rows,
-        }  # fmt: skip
+            "o": self.o_proj.weight,
+            "gate_up": torch.cat([self.gate_proj.weight, self.up_proj.weight]),
+            "down": self.down_proj.weight,
+            "out": self.out_rows,
+        }
 
     def _lin(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """Product ``name`` of x [..., K]: autograd's while training, the frozen drafting ones otherwise."""
@@ -304,7 +306,10 @@ class EagleHead(nn.Module):
         if not (len(caches) == len(tokens) == len(x_list)) or not caches:
             raise ValueError("one cache, token tensor and input per sequence, at least one")
         if self._native is None or self.training:
-            hs = [self.extend(c, self.fused(x) if feats is not None else x, t) for c, x, t in zip(caches, x_list, tokens, strict=True)]
+            hs = [
+                self.extend(c, self.fused(x) if feats is not None else x, t)
+                for c, x, t in zip(caches, x_list, tokens, strict=True)
+            ]
             h = torch.stack(hs)  # [B, C]
             return h, self.logits(h)
         return self._bound_native().step(caches, tokens, x_list, feats is not None)

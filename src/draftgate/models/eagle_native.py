@@ -60,10 +60,18 @@ class NativeHead:
         keep = [tensors[k].detach().to(torch.float32).contiguous() for k in TENSORS] + [embed.contiguous()]
         out = self._packed["out"]
         h = self.lib.cdll.dg_head_new(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-            keep[1].shape[0], cfg.rms_norm_eps, *[t.data_ptr() for t in keep[:7]],
-            *[self._packed[k].handle for k in _PACKED], keep[7].data_ptr(), keep[7].shape[0],
-        )  # fmt: skip
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            keep[1].shape[0],
+            cfg.rms_norm_eps,
+            *[t.data_ptr() for t in keep[:7]],
+            *[self._packed[k].handle for k in _PACKED],
+            keep[7].data_ptr(),
+            keep[7].shape[0],
+        )
         self._handle, self._keep = h, (keep, dict(self._packed))  # the C struct points into these
         self._sizes = (cfg.hidden_size, out.N)
         self._free = weakref.finalize(self, self.lib.cdll.dg_head_free, h)
@@ -100,10 +108,17 @@ class NativeHead:
         logits = torch.empty(B, Vs)  # [B, Vs]
         best = torch.empty(B, dtype=torch.int64)  # [B]
         rc = self.lib.cdll.dg_head_step(
-            self._handle, B, m.data_ptr(), x.data_ptr() if features else None,
-            x.data_ptr() if not features else None, toks.data_ptr(),
-            *[meta[i].data_ptr() for i in range(5)], h.data_ptr(), logits.data_ptr(), best.data_ptr(),
-        )  # fmt: skip
+            self._handle,
+            B,
+            m.data_ptr(),
+            x.data_ptr() if features else None,
+            x.data_ptr() if not features else None,
+            toks.data_ptr(),
+            *[meta[i].data_ptr() for i in range(5)],
+            h.data_ptr(),
+            logits.data_ptr(),
+            best.data_ptr(),
+        )
         if rc != 0:
             msg = self.lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native head step failed: {msg}")

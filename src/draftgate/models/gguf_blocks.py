@@ -22,9 +22,17 @@ from draftgate.errors import ModelLoadError
 from draftgate.models.gguf_file import cache_file, open_gguf
 
 __all__ = [
-    "Blocks", "BLOCK_LAYOUT", "GGML_TYPES", "LAYER_WEIGHTS", "QUANT_FORMATS",
-    "hf_name", "unpermute", "read_blocks", "load_blocks", "quantize",
-]  # fmt: skip
+    "Blocks",
+    "BLOCK_LAYOUT",
+    "GGML_TYPES",
+    "LAYER_WEIGHTS",
+    "QUANT_FORMATS",
+    "hf_name",
+    "unpermute",
+    "read_blocks",
+    "load_blocks",
+    "quantize",
+]
 
 # ggml type ids of the formats the native packer reads, and (weights, bytes) per block.
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}

@@ -66,7 +66,9 @@ class AttentionLayout:
         positions = batch.positions()  # a tree row's: the context's length plus its depth
         T_max, S_max = max(new_lens), max(ctx_lens)
         n_blocks = (S_max + bs - 1) // bs
-        tables = as_t([list(t[:n_blocks]) + [0] * (n_blocks - min(len(t), n_blocks)) for t in batch.block_tables])  # [B, nb]
+        tables = as_t(
+            [list(t[:n_blocks]) + [0] * (n_blocks - min(len(t), n_blocks)) for t in batch.block_tables]
+        )  # [B, nb]
         t_idx = torch.arange(S_max, device=device)  # [S_max]
         kv_gather = tables[:, t_idx // bs] * bs + t_idx % bs  # [B, S_max] (past a sequence's length: masked)
         q_index = unpad = mask = None
@@ -187,7 +189,9 @@ class LlamaModel:
         cos, sin = self._rope(layout.positions)  # [N, 1, D]
         x = self.embed[tokens]  # [N, C]
         feats: dict[int, torch.Tensor] = {}  # layer -> [RF, C]
-        frows = torch.tensor(batch.feature_rows(), dtype=torch.int64, device=self.device) if batch.feature_layers else None  # [RF]
+        frows = (
+            torch.tensor(batch.feature_rows(), dtype=torch.int64, device=self.device) if batch.feature_layers else None
+        )  # [RF]
         for li, L in enumerate(self.layers):
             h = self._rms(x, L.attn_norm)
             qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
@@ -222,9 +226,7 @@ class LlamaModel:
         argmax = torch.where(finite, logits.argmax(dim=-1), -1)  # [R]
         return ForwardOutput(logits, argmax, features)
 
-    def _attention(
-        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout
-    ) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
         N, H, D = q.shape
         if layout.kv_span is not None:  # one sequence in consecutive slots: a view, no copy
             a, b = layout.kv_span

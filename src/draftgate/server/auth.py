@@ -97,10 +97,17 @@ def require_admin(auth: AuthConfig) -> Callable[[Request], Awaitable[None]]:
 
     async def check(request: Request) -> None:
         if not auth.admin_keys:
-            raise APIError(403, "the admin API is disabled: start the server with --admin-key-file", code="admin_disabled")
+            raise APIError(
+                403, "the admin API is disabled: start the server with --admin-key-file", code="admin_disabled"
+            )
         token = _bearer(request)
         if token is None:
-            raise APIError(401, "the admin API needs 'Authorization: Bearer ADMIN_KEY'", code="missing_api_key", headers=_UNAUTHORIZED)
+            raise APIError(
+                401,
+                "the admin API needs 'Authorization: Bearer ADMIN_KEY'",
+                code="missing_api_key",
+                headers=_UNAUTHORIZED,
+            )
         if _matches(token, auth.admin_keys):
             return
         if _matches(token, auth.api_keys):

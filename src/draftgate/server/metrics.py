@@ -26,9 +26,68 @@ __all__ = ["ServerMetrics", "RequestTrace"]
 
 P = "draftgate:"
 ROUTE = ["model_name"]
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
-_E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+_E2E_BUCKETS = (
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+)
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -61,7 +120,9 @@ class ServerMetrics:
     def __init__(self, routes: RouteTable) -> None:
         self.registry = reg = CollectorRegistry()
         self.num_drafts = Counter(P + "spec_decode_num_drafts", "Verification rounds.", ROUTE, registry=reg)
-        self.num_draft_tokens = Counter(P + "spec_decode_num_draft_tokens", "Draft tokens proposed.", ROUTE, registry=reg)
+        self.num_draft_tokens = Counter(
+            P + "spec_decode_num_draft_tokens", "Draft tokens proposed.", ROUTE, registry=reg
+        )
         self.num_accepted_tokens = Counter(
             P + "spec_decode_num_accepted_tokens", "Draft tokens accepted.", ROUTE, registry=reg
         )
@@ -114,7 +175,11 @@ class ServerMetrics:
             P + "e2e_request_latency_seconds", "End-to-end request latency.", ROUTE, buckets=_E2E_BUCKETS, registry=reg
         )
         self.draft_time = Histogram(
-            P + "spec_decode_draft_time_seconds", "Drafting time per request.", ROUTE, buckets=_STEP_BUCKETS, registry=reg
+            P + "spec_decode_draft_time_seconds",
+            "Drafting time per request.",
+            ROUTE,
+            buckets=_STEP_BUCKETS,
+            registry=reg,
         )
         self.verify_time = Histogram(
             P + "spec_decode_verify_time_seconds",
@@ -125,8 +190,15 @@ class ServerMetrics:
         )
         reg.register(_RouteGauges(routes))
         for r in routes:  # every route's series exist (at 0) from the start
-            for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
-                      self.approximate_requests, self.fallback_rounds, self.target_decoded_requests):  # fmt: skip
+            for c in (
+                self.num_drafts,
+                self.num_draft_tokens,
+                self.num_accepted_tokens,
+                self.prompt_tokens,
+                self.approximate_requests,
+                self.fallback_rounds,
+                self.target_decoded_requests,
+            ):
                 c.labels(r.name)
             self.generation_tokens.labels(r.name)
 

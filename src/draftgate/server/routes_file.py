@@ -14,8 +14,9 @@ Optional per route: ``draft_model``, ``kv_blocks``, ``max_batch``, ``max_queue``
 ``draft_timeout_ms`` (remote drafters: a slower answer costs that round its drafts),
 ``allow_approximate`` (openai+http targets only: serve sampling requests with the
 approximate verifier, flagged as ``approximate`` on the request's stats and counted
-by the back end; default false = sampling requests are refused with a 400). See ``draftgate.server.targets``. Every error names the file, the
-line where possible, and the reason. Routes that share a model path share one
+by the back end; default false = sampling requests are refused with a 400). See
+``draftgate.server.targets``. Every error names the file, the line where possible, and the
+reason. Routes that share a model path share one
 loaded model (one copy of the weights in host memory); each gets its own engine.
 """
 
@@ -34,21 +35,26 @@ from draftgate.engine import DrafterKind, EngineConfig
 from draftgate.errors import DraftGateError
 from draftgate.models.loader import LoadedModel, load_model, resolve_model_path
 from draftgate.server.routes import ROUTE_NAME_RE, Route, RouteTable
-from draftgate.server.targets import (
-    DrafterSpec,
-    TargetKind,
-    TargetSpec,
-    parse_drafter,
-    parse_target,
-)
+from draftgate.server.targets import DrafterSpec, TargetKind, TargetSpec, parse_drafter, parse_target
 from draftgate.server.targets.build import build_backend
 
 __all__ = ["RouteSpec", "RoutesFileError", "load_routes_file", "parse_routes", "build_route_table"]
 
 _FIELDS = {
-    "name", "model", "drafter", "k", "k_max", "enabled", "draft_model", "kv_blocks", "max_batch", "max_queue", "target",
-    "draft_timeout_ms", "allow_approximate",
-}  # fmt: skip
+    "name",
+    "model",
+    "drafter",
+    "k",
+    "k_max",
+    "enabled",
+    "draft_model",
+    "kv_blocks",
+    "max_batch",
+    "max_queue",
+    "target",
+    "draft_timeout_ms",
+    "allow_approximate",
+}
 
 
 class RoutesFileError(DraftGateError, ValueError):
@@ -73,7 +79,9 @@ class RouteSpec:
 
     def __post_init__(self) -> None:
         if not ROUTE_NAME_RE.match(self.name):
-            raise ValueError(f"route name {self.name!r} must be 1-128 letters, digits and ._:/@+- (use --served-model-name)")
+            raise ValueError(
+                f"route name {self.name!r} must be 1-128 letters, digits and ._:/@+- (use --served-model-name)"
+            )
 
 
 Lines = dict[str, int]  # key -> 1-based line; "" -> the route's own line
@@ -132,7 +140,9 @@ def _route(
         raise RoutesFileError(f"{where}: route #{index + 1} must be a mapping of keys to values")
     unknown = sorted(set(map(str, item)) - _FIELDS)
     if unknown:
-        raise RoutesFileError(f"{_at(path, lines, unknown[0])}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_FIELDS))})")
+        raise RoutesFileError(
+            f"{_at(path, lines, unknown[0])}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_FIELDS))})"
+        )
     name = item.get("name")
     if not isinstance(name, str) or not ROUTE_NAME_RE.match(name):
         raise RoutesFileError(
@@ -156,7 +166,9 @@ def _route(
     if not isinstance(model, str) or not model:
         raise bad("model", "'model' must be a non-empty string (a known name, a .gguf file or an HF folder)")
     timeout_ms = item.get("draft_timeout_ms")
-    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms <= 0):
+    if timeout_ms is not None and (
+        isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms <= 0
+    ):
         raise bad("draft_timeout_ms", f"'draft_timeout_ms' must be a positive number, got {timeout_ms!r}")
     drafter = item.get("drafter", default_drafter)
     try:
@@ -164,12 +176,16 @@ def _route(
     except ValueError as e:
         raise bad("drafter", str(e)) from None
     if timeout_ms is not None and not dspec.remote:
-        raise bad("draft_timeout_ms", "'draft_timeout_ms' applies only to remote drafters (http:// or llamacpp+http://)")
+        raise bad(
+            "draft_timeout_ms", "'draft_timeout_ms' applies only to remote drafters (http:// or llamacpp+http://)"
+        )
     approx = item.get("allow_approximate", False)
     if not isinstance(approx, bool):
         raise bad("allow_approximate", f"'allow_approximate' must be true or false, got {approx!r}")
     if approx and target.kind is not TargetKind.OPENAI:
-        raise bad("allow_approximate", "'allow_approximate' applies only to openai+http:// targets (the others are exact)")
+        raise bad(
+            "allow_approximate", "'allow_approximate' applies only to openai+http:// targets (the others are exact)"
+        )
     k: Any = item.get("k", "auto" if base.k is None else base.k)
     if k != "auto" and (isinstance(k, bool) or not isinstance(k, int)):
         raise bad("k", f"'k' must be an integer or 'auto', got {k!r}")
@@ -267,9 +283,7 @@ def _parse_toml(text: str, path: Path) -> tuple[Any, list[Lines]]:
 # ------------------------------------------------------------------ building
 
 
-def build_route_table(
-    specs: list[RouteSpec], load: Callable[[EngineConfig], LoadedModel] | None = None
-) -> RouteTable:
+def build_route_table(specs: list[RouteSpec], load: Callable[[EngineConfig], LoadedModel] | None = None) -> RouteTable:
     """Load each distinct model once, build one engine per route; errors name the route's line."""
     load = load or _load
     shared: dict[tuple[str, str], LoadedModel] = {}
@@ -299,4 +313,3 @@ def _model_key(model: str) -> str:
 
 def _load(cfg: EngineConfig) -> LoadedModel:
     return load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
-

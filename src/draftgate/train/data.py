@@ -27,7 +27,17 @@ from draftgate.models.loader import LoadedModel
 from draftgate.models.runner import ForwardItem, ModelRunner
 from draftgate.types import SamplingParams
 
-__all__ = ["Record", "Example", "read_records", "data_files", "data_bytes", "data_names", "build_corpus", "teacher_topk", "choose_vocab_subset"]
+__all__ = [
+    "Record",
+    "Example",
+    "read_records",
+    "data_files",
+    "data_bytes",
+    "data_names",
+    "build_corpus",
+    "teacher_topk",
+    "choose_vocab_subset",
+]
 
 
 @dataclass(frozen=True)
@@ -84,9 +94,7 @@ def _read_file(path: Path) -> list[Record]:
             msgs = obj["messages"]
             if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
                 raise ValueError(f"{path}:{n}: messages must be objects with role and content")
-            out.append(
-                Record(messages=tuple({"role": m.get("role", "user"), "content": m["content"]} for m in msgs))
-            )
+            out.append(Record(messages=tuple({"role": m.get("role", "user"), "content": m["content"]} for m in msgs)))
         elif isinstance(obj.get("prompt"), str) or (isinstance(obj.get("turns"), list) and obj["turns"]):
             first = obj["prompt"] if isinstance(obj.get("prompt"), str) else obj["turns"][0]
             out.append(Record(messages=({"role": "user", "content": str(first)},)))
@@ -119,9 +127,7 @@ def build_corpus(
             if len(ids) + max_new_tokens <= min(max_len, target.config.max_position_embeddings):
                 prompts.append((i, ids))
     if prompts:
-        runner = ModelRunner(
-            target, num_blocks=max(64, batch * ((max_len + 15) // 16 + 2)), enable_prefix_cache=False
-        )
+        runner = ModelRunner(target, num_blocks=max(64, batch * ((max_len + 15) // 16 + 2)), enable_prefix_cache=False)
         engine = Engine(runner, None, k=0, max_batch=batch, max_queue=len(prompts) + 1)
         done = threading.Semaphore(0)
         outs: dict[int, list[int]] = {i: [] for i, _ in prompts}
@@ -174,10 +180,7 @@ def teacher_topk(
 
 
 def choose_vocab_subset(
-    examples: Sequence[Example],
-    teacher: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    size: int,
-    always: Sequence[int],
+    examples: Sequence[Example], teacher: Sequence[tuple[torch.Tensor, torch.Tensor]], size: int, always: Sequence[int]
 ) -> tuple[torch.Tensor, float]:
     """The ``size`` tokens the target emits or ranks first most often (plus ``always``, e.g. EOS).
 

@@ -37,7 +37,16 @@ from draftgate.train.data import (
 )
 from draftgate.train.student import DraftLM, draft_config, pick_layers
 
-__all__ = ["DistillConfig", "DistillReport", "distill", "agreement", "warmup_cosine", "jsonable", "kl_and_ce", "kl_ce_mix"]
+__all__ = [
+    "DistillConfig",
+    "DistillReport",
+    "distill",
+    "agreement",
+    "warmup_cosine",
+    "jsonable",
+    "kl_and_ce",
+    "kl_ce_mix",
+]
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,9 @@ class _SparseSoftCE(torch.autograd.Function):
         return grad, None, None
 
 
-def kl_ce_mix(logits: torch.Tensor, tv: torch.Tensor, ti: torch.Tensor, tgt: torch.Tensor, alpha: float) -> torch.Tensor:
+def kl_ce_mix(
+    logits: torch.Tensor, tv: torch.Tensor, ti: torch.Tensor, tgt: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """``alpha * KL + (1 - alpha) * CE`` per position [B, L], the values (and gradients) of
     ``kl_and_ce`` at T = 1 with a fused backward. Same arguments as ``kl_and_ce``."""
     k = ti.shape[-1]
@@ -202,9 +213,11 @@ def kl_ce_mix(logits: torch.Tensor, tv: torch.Tensor, ti: torch.Tensor, tgt: tor
 
 
 def optimizer_step(
-    loss: torch.Tensor, params: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    params: Iterable[torch.nn.Parameter],
+    opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
-) -> float:  # fmt: skip
+) -> float:
     """One update (gradients clipped to norm 1); returns the loss as a float."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -261,9 +274,7 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
 
     V = target.config.vocab_size
     if cfg.vocab_subset and cfg.vocab_subset < V:
-        out_ids, coverage = choose_vocab_subset(
-            train_ex, train_t, cfg.vocab_subset, target.config.eos_token_ids
-        )
+        out_ids, coverage = choose_vocab_subset(train_ex, train_t, cfg.vocab_subset, target.config.eos_token_ids)
     else:
         out_ids, coverage = None, 1.0
     sub_of = torch.full((V,), -1, dtype=torch.int64)  # token id -> subset index
@@ -291,7 +302,8 @@ def distill(cfg: DistillConfig, progress: bool = True, log: Callable[[str], None
     before = agreement(DraftLM.from_target(target, dcfg, out_ids, layers), eval_ex)
     log(
         f"{len(train_ex)} train / {len(eval_ex)} eval sequences; layers {layers}; "
-        f"vocab subset {out_ids.numel() if out_ids is not None else V} (covers {coverage:.1%}); agreement before {before:.1%}"
+        f"vocab subset {out_ids.numel() if out_ids is not None else V} (covers {coverage:.1%}); "
+        f"agreement before {before:.1%}"
     )
 
     def save() -> None:
@@ -359,8 +371,7 @@ def warmup_cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_sche
     """Linear warm-up over min(20, steps / 10) steps, then cosine decay to 10% of the peak at ``steps``."""
     warm = max(1, min(20, steps // 10))
     return torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))),
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps)))))
     )
 
 
@@ -371,6 +382,7 @@ def _save_folder(out: Path, target: LoadedModel, model: DraftLM) -> None:
 
 def jsonable(d: dict) -> dict:
     """A config's fields for JSON: paths as strings (a tuple of them as a list)."""
+
     def one(v: object) -> object:
         if isinstance(v, tuple) and all(isinstance(x, Path) for x in v):
             return [str(x) for x in v]

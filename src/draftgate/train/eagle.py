@@ -23,7 +23,6 @@ computes ``eagle_objective``'s, and the time budget's measurements and arithmeti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -37,12 +36,13 @@ from draftgate.models.config import ModelConfig
 from draftgate.models.eagle import EagleHead, default_feature_layers
 from draftgate.models.eagle_format import target_fingerprint
 from draftgate.models.loader import LoadedModel, load_model
-from draftgate.train.data import Example, choose_vocab_subset, data_bytes, data_names, read_records
+from draftgate.train.data import Example, choose_vocab_subset, data_names
 from draftgate.train.distill import jsonable, optimizer_step, warmup_cosine
 from draftgate.train.eagle_budget import choose_precision, fit_steps, step_seconds
 from draftgate.train.eagle_config import EagleConfig
+from draftgate.train.eagle_data import eagle_states, head_agreement
 from draftgate.train.eagle_objective import objective
-from draftgate.train.states import States, generate_states
+from draftgate.train.states import States
 
 __all__ = ["EagleReport", "train_eagle", "train_head", "head_agreement"]
 
@@ -89,12 +89,23 @@ class _Run:
         """The checkpoint, and the head folder in ``out`` with ``meta``."""
         assert self.sched is not None
         out.mkdir(parents=True, exist_ok=True)
-        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
-                    "gen": self.gen.get_state(), "rng": torch.random.get_rng_state(), "step": self.step,
-                    "losses": self.losses, "evals": self.evals, "precision": self.precision, "planned": self.planned,
-                    "fitted": self.fitted,
-                    "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
-                   self.ckpt)  # fmt: skip
+        torch.save(
+            {
+                "head": self.head.state_dict(),
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+                "gen": self.gen.get_state(),
+                "rng": torch.random.get_rng_state(),
+                "step": self.step,
+                "losses": self.losses,
+                "evals": self.evals,
+                "precision": self.precision,
+                "planned": self.planned,
+                "fitted": self.fitted,
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            },
+            self.ckpt,
+        )
         self.head.save(out, meta)
 
     def restore(self, st: dict) -> None:
@@ -110,64 +121,6 @@ class _Run:
         self.step, self.losses, self.evals = st["step"], st["losses"], st["evals"]
 
 
-def _states(cfg: EagleConfig, target: LoadedModel, path: Path | tuple[Path, ...], layers: Sequence[int], progress: bool,
-            label: str, deadline: float | None = None, log: Callable[[str], None] = print) -> list[States]:  # fmt: skip
-    """Continuations + teacher states of the prompt file(s), cached in OUT keyed by data and settings.
-
-    ``deadline``: stop starting sequences then (``generate_states``). A set cut short is cached as
-    such and reused only by a run that has a time budget too; a run without one generates it whole.
-    """
-    n = cfg.continuations if label == "train" else 1  # held-out agreement: the greedy continuation only
-    sampled = [n, cfg.sample_temperature, cfg.seed] if n > 1 else []
-    on_gpu = torch.device(cfg.device).type == "cuda"
-    settings = json.dumps([2, cfg.target, cfg.max_new_tokens, cfg.max_len, cfg.top_k, list(layers), *sampled,
-                           *(["cuda"] if on_gpu else [])]).encode()  # fmt: skip  # GPU data: a cache of its own
-    key = hashlib.sha256(settings + data_bytes(path)).hexdigest()
-    cache = cfg.out / f"states-{label}.pt"
-    if cache.is_file():
-        got = torch.load(cache, weights_only=False)
-        if got.get("key") == key and (got.get("complete", True) or deadline is not None):
-            return got["states"]
-    tally: dict[str, int] = {}
-    states = generate_states(
-        target, read_records(path), layers, cfg.top_k, cfg.max_new_tokens, cfg.max_len, continuations=n,
-        temperature=cfg.sample_temperature, seed=cfg.seed, progress=progress, device=cfg.device,
-        batch=256 if on_gpu else 32,  # a GPU step costs about the same for 32 rows or 256
-        deadline=deadline, tally=tally,
-    )  # fmt: skip
-    complete = tally["generated"] == tally["requested"]
-    if not complete:
-        log(f"data budget reached ({cfg.data_share:.0%} of --max-minutes {cfg.max_minutes}): {tally['generated']} of "
-            f"{tally['requested']} {label} sequences generated, a random sample of the data; the rest of the time trains")  # fmt: skip
-    if len(states) < 1:
-        raise ValueError(f"{data_names(path)}: no usable examples (prompts too long for --max-len {cfg.max_len}?)")
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": key, "states": states, "complete": complete}, cache)
-    return states
-
-
-@torch.no_grad()
-def head_agreement(head: EagleHead, states: Sequence[States], steps: int = 1) -> list[float]:
-    """Per rollout step: share of generated positions where the head's greedy token is the target's."""
-    hit, total = [0] * steps, [0] * steps
-    was = head.training
-    head.eval()
-    dev = head.vocab_ids.device
-    for s in states:
-        n, tokens = s.feats.shape[0], s.tokens.cpu()
-        nxt = torch.cat([tokens[1:], torch.zeros(steps, dtype=torch.int64)])[None]  # [1, n + steps]
-        outs = head.rollout(s.feats.to(dev).float()[None], nxt.to(dev), steps)
-        for j, lg in enumerate(outs):
-            pred = head.vocab_ids[lg[0].argmax(-1)].cpu()  # [n] the token predicted for row t + j + 1
-            t = torch.arange(n)
-            want = t + j + 2  # step j + 1 at anchor t predicts the token at t + j + 2
-            ok = (want <= n) & (want >= s.start)
-            hit[j] += int((pred[ok] == tokens[want[ok]]).sum())
-            total[j] += int(ok.sum())
-    head.train(was)
-    return [h / max(1, t) for h, t in zip(hit, total, strict=True)]
-
-
 def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], None] = print) -> EagleReport:
     cfg.validate()
     t0 = time.perf_counter()
@@ -176,9 +129,9 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
     tcfg = target.config
     layers = default_feature_layers(tcfg.num_layers)
     deadline = None if cfg.max_minutes is None else t0 + cfg.data_share * cfg.max_minutes * 60
-    states = _states(cfg, target, cfg.data, layers, progress, "train", deadline, log)
+    states = eagle_states(cfg, target, cfg.data, layers, progress, "train", deadline, log)
     if cfg.eval_data is not None:
-        train_s, eval_s = states, _states(cfg, target, cfg.eval_data, layers, progress, "eval", log=log)
+        train_s, eval_s = states, eagle_states(cfg, target, cfg.eval_data, layers, progress, "eval", log=log)
     else:
         order = torch.randperm(len(states), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         n_eval = max(1, int(round(len(states) * cfg.eval_fraction)))
@@ -189,9 +142,15 @@ def train_eagle(cfg: EagleConfig, progress: bool = True, log: Callable[[str], No
 
 
 def train_head(
-    cfg: EagleConfig, target: LoadedModel, train_s: Sequence[States], eval_s: Sequence[States], t0: float,
-    examples: int | None = None, progress: bool = True, log: Callable[[str], None] = print,
-) -> EagleReport:  # fmt: skip
+    cfg: EagleConfig,
+    target: LoadedModel,
+    train_s: Sequence[States],
+    eval_s: Sequence[States],
+    t0: float,
+    examples: int | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> EagleReport:
     """Train, checkpoint and save a head on given states (``train_eagle`` after its data; t0: when the run began).
 
     The states may live on ``cfg.device`` already (a batch is built where they are); on the CPU
@@ -210,29 +169,47 @@ def train_head(
     if not run.evals:
         run.evals.append((0, round(before, 4)))
     layers = list(run.head.feature_layers)
-    log(f"{len(train_s)} train / {len(eval_s)} eval sequences; feature layers {layers}; vocab subset "
-        f"{vocab_ids.numel()} (covers {coverage:.1%}); agreement before {before:.1%}; {run.precision} products")  # fmt: skip
+    log(
+        f"{len(train_s)} train / {len(eval_s)} eval sequences; feature layers {layers}; vocab subset "
+        f"{vocab_ids.numel()} (covers {coverage:.1%}); agreement before {before:.1%}; {run.precision} products"
+    )
     meta = _meta(cfg, target, run)
     t1 = time.perf_counter()
     _train(cfg, run, meta, train_s, eval_s, sub_of, t0, progress, log)
     t_train = time.perf_counter() - t1
     per_step = _finish(cfg, run, meta, eval_s, t0)
     report = EagleReport(
-        out=str(cfg.out), feature_layers=layers, examples=len(train_s) if examples is None else examples,
-        eval_examples=len(eval_s), train_tokens=sum(int(s.tokens.numel()) for s in train_s),
-        vocab_subset=int(vocab_ids.numel()), subset_coverage=round(coverage, 4), steps=run.step,
-        agreement_before=round(before, 4), agreement_after=round(per_step[0], 4),
-        agreement_per_step=[round(a, 4) for a in per_step], seconds_data=round(t_data, 1),
-        seconds_train=round(t_train, 1), seconds_total=round(time.perf_counter() - t0, 1), precision=run.precision,
-        evals=run.evals, losses=run.losses,
-    )  # fmt: skip
-    (cfg.out / "distill.json").write_text(json.dumps({"config": jsonable(asdict(cfg)), "report": asdict(report)}, indent=2))
-    log(f"head agreement with the target on held-out continuations: {before:.1%} -> {per_step[0]:.1%} "
-        f"(rollout steps {', '.join(f'{a:.1%}' for a in per_step)}); wrote {cfg.out}")  # fmt: skip
+        out=str(cfg.out),
+        feature_layers=layers,
+        examples=len(train_s) if examples is None else examples,
+        eval_examples=len(eval_s),
+        train_tokens=sum(int(s.tokens.numel()) for s in train_s),
+        vocab_subset=int(vocab_ids.numel()),
+        subset_coverage=round(coverage, 4),
+        steps=run.step,
+        agreement_before=round(before, 4),
+        agreement_after=round(per_step[0], 4),
+        agreement_per_step=[round(a, 4) for a in per_step],
+        seconds_data=round(t_data, 1),
+        seconds_train=round(t_train, 1),
+        seconds_total=round(time.perf_counter() - t0, 1),
+        precision=run.precision,
+        evals=run.evals,
+        losses=run.losses,
+    )
+    (cfg.out / "distill.json").write_text(
+        json.dumps({"config": jsonable(asdict(cfg)), "report": asdict(report)}, indent=2)
+    )
+    log(
+        f"head agreement with the target on held-out continuations: {before:.1%} -> {per_step[0]:.1%} "
+        f"(rollout steps {', '.join(f'{a:.1%}' for a in per_step)}); wrote {cfg.out}"
+    )
     return report
 
 
-def _vocab_subset(cfg: EagleConfig, tcfg: ModelConfig, train_s: Sequence[States]) -> tuple[torch.Tensor, float, torch.Tensor]:
+def _vocab_subset(
+    cfg: EagleConfig, tcfg: ModelConfig, train_s: Sequence[States]
+) -> tuple[torch.Tensor, float, torch.Tensor]:
     """The head's vocabulary subset (``choose_vocab_subset`` over the training states), its coverage, and
     ``sub_of`` [V]: each target id's row in the subset, -1 outside it, beside the states."""
     ex = [Example(tuple(s.tokens.tolist()), s.start) for s in train_s]
@@ -258,12 +235,22 @@ def _new_run(cfg: EagleConfig, target: LoadedModel, vocab_ids: torch.Tensor) -> 
     # A resumed run keeps its precision (its steps continue bit for bit), whatever this CPU prefers.
     precision = st.get("precision", "fp32") if st is not None else choose_precision(cfg.precision, device)
     if st is not None and cfg.precision not in ("auto", precision):
-        raise ValueError(f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}")
+        raise ValueError(
+            f"{ckpt} was trained with --precision {precision}; resume with it (or auto), not {cfg.precision}"
+        )
     return _Run(head, opt, gen, device, precision, ckpt), st
 
 
-def _plan(cfg: EagleConfig, run: _Run, st: dict | None, train_s: Sequence[States], eval_s: Sequence[States],
-          sub_of: torch.Tensor, t0: float, log: Callable[[str], None]) -> float | None:  # fmt: skip
+def _plan(
+    cfg: EagleConfig,
+    run: _Run,
+    st: dict | None,
+    train_s: Sequence[States],
+    eval_s: Sequence[States],
+    sub_of: torch.Tensor,
+    t0: float,
+    log: Callable[[str], None],
+) -> float | None:
     """Set the steps the learning rate and the rollout phase are laid out over: --steps, or under
     --max-minutes as many as the time left fits (measured once, kept by a resume; --steps is the
     resume's own otherwise). Returns the held-out agreement before training if the plan measured it."""
@@ -282,9 +269,12 @@ def _plan(cfg: EagleConfig, run: _Run, st: dict | None, train_s: Sequence[States
         run.planned = fit_steps(cfg, left, t_one, t_roll, t_eval)
         run.fitted = run.planned < cfg.steps
         if run.fitted:
-            log(f"--max-minutes {cfg.max_minutes}: {left:.0f} s left for training fits {run.planned} of --steps {cfg.steps} "
+            log(
+                f"--max-minutes {cfg.max_minutes}: {left:.0f} s left for training fits {run.planned} of "
+                f"--steps {cfg.steps} "
                 f"({t_one:.2f} s a first-step step, {t_roll:.2f} s a rollout step); the learning rate and the "
-                f"rollout phase are laid out over {run.planned}")  # fmt: skip
+                f"rollout phase are laid out over {run.planned}"
+            )
         return before
     return None
 
@@ -294,17 +284,39 @@ def _meta(cfg: EagleConfig, target: LoadedModel, run: _Run) -> dict:
     return {
         "target": target_fingerprint(target.config, target.weights),
         "target_source": cfg.target,
-        "trained": {"data": data_names(cfg.data), "seed": cfg.seed, "steps": cfg.steps, "schedule_steps": run.planned,
-                    "batch": cfg.batch,
-                    "rollout": cfg.rollout, "rollout_warmup": cfg.rollout_warmup, "lr": cfg.lr,
-                    "feature_noise": cfg.feature_noise, "feature_loss": cfg.feature_loss, "data_share": cfg.data_share, "weight_decay": cfg.weight_decay,
-                    "vocab_subset": cfg.vocab_subset, "continuations": cfg.continuations,
-                    "sample_temperature": cfg.sample_temperature, "precision": run.precision, "device": run.device.type},
-    }  # fmt: skip
+        "trained": {
+            "data": data_names(cfg.data),
+            "seed": cfg.seed,
+            "steps": cfg.steps,
+            "schedule_steps": run.planned,
+            "batch": cfg.batch,
+            "rollout": cfg.rollout,
+            "rollout_warmup": cfg.rollout_warmup,
+            "lr": cfg.lr,
+            "feature_noise": cfg.feature_noise,
+            "feature_loss": cfg.feature_loss,
+            "data_share": cfg.data_share,
+            "weight_decay": cfg.weight_decay,
+            "vocab_subset": cfg.vocab_subset,
+            "continuations": cfg.continuations,
+            "sample_temperature": cfg.sample_temperature,
+            "precision": run.precision,
+            "device": run.device.type,
+        },
+    }
 
 
-def _train(cfg: EagleConfig, run: _Run, meta: dict, train_s: Sequence[States], eval_s: Sequence[States],
-           sub_of: torch.Tensor, t0: float, progress: bool, log: Callable[[str], None]) -> None:  # fmt: skip
+def _train(
+    cfg: EagleConfig,
+    run: _Run,
+    meta: dict,
+    train_s: Sequence[States],
+    eval_s: Sequence[States],
+    sub_of: torch.Tensor,
+    t0: float,
+    progress: bool,
+    log: Callable[[str], None],
+) -> None:
     """Steps until the plan's end (or --max-minutes'), every ``checkpoint_every`` a held-out agreement and a save."""
     assert run.sched is not None
     bar = tqdm(total=run.planned, initial=run.step, desc="eagle head", unit="step", disable=not progress)
@@ -313,7 +325,9 @@ def _train(cfg: EagleConfig, run: _Run, meta: dict, train_s: Sequence[States], e
         if cfg.max_minutes is not None and time.perf_counter() - t0 > cfg.max_minutes * 60:
             log(f"stopping at step {run.step}: --max-minutes {cfg.max_minutes} reached")
             break
-        S = 1 if run.step < cfg.rollout_warmup * run.planned else cfg.rollout  # one step learns fastest; then the rollout
+        S = (
+            1 if run.step < cfg.rollout_warmup * run.planned else cfg.rollout
+        )  # one step learns fastest; then the rollout
         batch_loss = objective(run.head, train_s, cfg, S, sub_of, run.precision, run.device, run.gen)
         loss = optimizer_step(batch_loss, run.head.parameters(), run.opt, run.sched)
         run.step += 1
@@ -328,7 +342,8 @@ def _train(cfg: EagleConfig, run: _Run, meta: dict, train_s: Sequence[States], e
 
 
 def _finish(cfg: EagleConfig, run: _Run, meta: dict, eval_s: Sequence[States], t0: float) -> list[float]:
-    """The held-out agreement per rollout step after training, recorded in the history and in head.json; the last save."""
+    """The held-out agreement per rollout step after training, recorded in the history and in head.json;
+    the last save."""
     per_step = head_agreement(run.head, eval_s, cfg.rollout)
     if not run.evals or run.evals[-1][0] != run.step:
         run.evals.append((run.step, round(per_step[0], 4)))

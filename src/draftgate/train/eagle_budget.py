@@ -48,8 +48,14 @@ def choose_precision(asked: str, device: torch.device | None = None) -> str:
     return "bf16" if bf16 * 1.3 <= fp32 else "fp32"
 
 
-def step_seconds(head: EagleHead, train_s: Sequence[States], cfg: EagleConfig, sub_of: torch.Tensor,
-                 precision: str, device: torch.device) -> tuple[float, float]:  # fmt: skip
+def step_seconds(
+    head: EagleHead,
+    train_s: Sequence[States],
+    cfg: EagleConfig,
+    sub_of: torch.Tensor,
+    precision: str,
+    device: torch.device,
+) -> tuple[float, float]:
     """Seconds of a training step on the first draft step alone and on the whole rollout: the mean of two
     forwards and backwards of each on probe batches, after one of each to warm up (a first call runs
     ~20% slower). No update; the run's random streams untouched."""

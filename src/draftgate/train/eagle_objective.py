@@ -19,8 +19,9 @@ from draftgate.train.states import States
 __all__ = ["make_batch", "rollout_loss", "objective"]
 
 
-def make_batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, prompt_w: float,
-               gen: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
+def make_batch(
+    items: Sequence[States], S: int, window: int, sub_of: torch.Tensor, prompt_w: float, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
     """A window of rows per sequence, right-padded: feats [B, T, nF, C], nxt [B, T+S-1], targets per row
     (the token, the top-k logits, and ``top``: the target's last feature, its final normed hidden).
 
@@ -58,8 +59,9 @@ def make_batch(items: Sequence[States], S: int, window: int, sub_of: torch.Tenso
     return {"feats": feats, "nxt": nxt, "tgt": tgt, "w": w, "tv": tv, "ti": ti, "top": top, "anchors": anchors}
 
 
-def rollout_loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, decay: float,
-                 feature_loss: float = 0.0) -> torch.Tensor:  # fmt: skip
+def rollout_loss(
+    head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: float, decay: float, feature_loss: float = 0.0
+) -> torch.Tensor:
     """Weighted mean over anchors and steps of KL + CE, plus ``feature_loss`` x smooth L1 of the predicted
     final normed hidden against the target's (EAGLE-1's regression: C numbers a row, not k logits)."""
     T = bt["feats"].shape[1]
@@ -71,7 +73,9 @@ def rollout_loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: fl
         tv, ti, tgt = bt["tv"][:, rows], bt["ti"][:, rows], bt["tgt"][:, rows]  # [B, T, k], [B, T]
         w = bt["w"][:, rows] * bt["anchors"]  # [B, T]
         wj = w * (tgt >= 0) * decay ** (j - 1)
-        total = total + (kl_ce_mix(logits.float(), tv, ti, tgt, alpha) * wj).sum()  # [B, T] weighted (float32 under autocast)
+        total = (
+            total + (kl_ce_mix(logits.float(), tv, ti, tgt, alpha) * wj).sum()
+        )  # [B, T] weighted (float32 under autocast)
         if states is not None:
             reg = F.smooth_l1_loss(states[j - 1].float(), bt["top"][:, rows], reduction="none").mean(-1)  # [B, T]
             total = total + feature_loss * (reg * wj).sum()
@@ -79,8 +83,16 @@ def rollout_loss(head: EagleHead, bt: dict[str, torch.Tensor], S: int, alpha: fl
     return total / max(norm, 1e-6)
 
 
-def objective(head: EagleHead, train_s: Sequence[States], cfg: EagleConfig, S: int, sub_of: torch.Tensor,
-              precision: str, device: torch.device, gen: torch.Generator) -> torch.Tensor:  # fmt: skip
+def objective(
+    head: EagleHead,
+    train_s: Sequence[States],
+    cfg: EagleConfig,
+    S: int,
+    sub_of: torch.Tensor,
+    precision: str,
+    device: torch.device,
+    gen: torch.Generator,
+) -> torch.Tensor:
     """One training batch drawn from ``gen`` and its loss over S rollout steps (bf16 products under autocast)."""
     pick = torch.randint(0, len(train_s), (cfg.batch,), generator=gen).tolist()
     bt = make_batch([train_s[i] for i in pick], S, cfg.window, sub_of, cfg.prompt_weight, gen)

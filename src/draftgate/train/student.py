@@ -57,13 +57,7 @@ def draft_config(target: ModelConfig, layers: int, hidden: int | None) -> ModelC
 class _Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        C, D, H, Hkv, Fh = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.intermediate_size,
-        )
+        C, D, H, Hkv, Fh = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         self.q_proj = nn.Linear(C, H * D, bias=False)
         self.k_proj = nn.Linear(C, Hkv * D, bias=False)
         self.v_proj = nn.Linear(C, Hkv * D, bias=False)

@@ -9,8 +9,8 @@ Two questions, both at a fixed significance level alpha:
   cannot see).
 
 Tokens whose expected count is below ``MIN_EXPECTED`` share bins (the least likely pooled
-together until each bin holds that much), as the test's asymptotics need; a test with fewer than two bins left has nothing to say and passes with
-dof 0. Pure math on counts: no model, no randomness.
+together until each bin holds that much), as the test's asymptotics need; a test with fewer
+than two bins left has nothing to say and passes with dof 0. Pure math on counts: no model, no randomness.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class ChiSquare:
 
 def _sf(x: float, dof: int) -> float:
     """P(X > x) for X ~ chi-square(dof)."""
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64))
+    )
 
 
 def chi_square_threshold(dof: int, alpha: float) -> float:

@@ -121,12 +121,7 @@ def _q_at(q: DraftQ, draft_ids: Tensor, j: Tensor, V: int) -> Tensor:
 
 
 def verify_sampling(
-    draft_ids: Tensor,
-    draft_lens: Tensor,
-    p: Tensor,
-    q: DraftQ,
-    uniforms_accept: Tensor,
-    uniforms_sample: Tensor,
+    draft_ids: Tensor, draft_lens: Tensor, p: Tensor, q: DraftQ, uniforms_accept: Tensor, uniforms_sample: Tensor
 ) -> VerifyResult:
     """Exact speculative sampling (accepted drafts + one recovered or bonus token).
 

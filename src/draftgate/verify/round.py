@@ -117,11 +117,16 @@ def verify_round(logits: Tensor, drafts: Sequence[RoundDraft], argmax: Tensor | 
         def per_row(f, dtype):  # noqa: ANN001, ANN202
             return torch.tensor([f(d) for d in drafts for _ in range(d.num_rows)], dtype=dtype, device=dev)
 
-        u = torch.cat([_uniforms(d, k)[d.depths() if d.tree else slice(None)] for d, k in zip(drafts, ks, strict=True)]).to(dev)  # [R, 2]
+        u = torch.cat(
+            [_uniforms(d, k)[d.depths() if d.tree else slice(None)] for d, k in zip(drafts, ks, strict=True)]
+        ).to(dev)  # [R, 2]
         c, rows, probs = _choices(
-            logits, per_row(lambda d: d.temperature, torch.float32), per_row(lambda d: d.top_k, torch.int64),
-            per_row(lambda d: d.top_p, torch.float32), u[:, 1],
-        )  # fmt: skip
+            logits,
+            per_row(lambda d: d.temperature, torch.float32),
+            per_row(lambda d: d.top_k, torch.int64),
+            per_row(lambda d: d.top_p, torch.float32),
+            u[:, 1],
+        )
         choice = c.tolist()
 
     # 2. Matching: accept while the draft equals the target's choice (in a tree: a child that does).

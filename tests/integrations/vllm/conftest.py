@@ -48,9 +48,7 @@ def plain(env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 
 @pytest.fixture(scope="session")
-def spec(
-    env: VllmEnv, worker: Worker, plain: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Spec]:
+def spec(env: VllmEnv, worker: Worker, plain: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spec]:
     log = tmp_path_factory.mktemp("vllm") / "spec.log"
     port = free_port()
     extra = {
@@ -58,7 +56,5 @@ def spec(
         "DRAFTGATE_VLLM_DRAFT_TIMEOUT_MS": "200",  # generous: the worker shares two cores with two vLLMs
         "DRAFTGATE_VLLM_CONTROL_PORT": str(port),
     }
-    with vllm_server(
-        VllmLaunch(env, speculative=draftgate_spec(8), extra_env=extra, log=log)
-    ) as url:
+    with vllm_server(VllmLaunch(env, speculative=draftgate_spec(8), extra_env=extra, log=log)) as url:
         yield Spec(url, f"http://127.0.0.1:{port}", log)

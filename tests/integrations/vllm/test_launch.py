@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgate.integrations.vllm.launch import (
-    VllmEnv,
-    VllmLaunch,
-    VllmStartError,
-    draftgate_spec,
-    vllm_server,
-)
+from draftgate.integrations.vllm.launch import VllmEnv, VllmLaunch, VllmStartError, draftgate_spec, vllm_server
 
 ENV = VllmEnv(Path(sys.executable), Path("/models/smol"))
 
@@ -24,7 +18,11 @@ def test_command_carries_the_cpu_flags_and_the_proposer() -> None:
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--block-size") + 1] == "32"
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
-    assert spec == {"method": "custom_class", "model": "draftgate.integrations.vllm.SuffixProposer", "num_speculative_tokens": 6}
+    assert spec == {
+        "method": "custom_class",
+        "model": "draftgate.integrations.vllm.SuffixProposer",
+        "num_speculative_tokens": 6,
+    }
     assert "--speculative-config" not in VllmLaunch(ENV).command(8123)
 
 

@@ -34,7 +34,10 @@ SAMPLES = 200  # per arm in the distribution test
 SAMPLE_TOKENS = 4
 ALPHA = 1e-3
 # A prompt whose answer copies its own text: n-gram and suffix lookups draft from the first step.
-COPY = "Repeat the following sentence exactly, three times:\nThe quick brown fox jumps over the lazy dog near the river bank."
+COPY = (
+    "Repeat the following sentence exactly, three times:\n"
+    "The quick brown fox jumps over the lazy dog near the river bank."
+)
 
 pytestmark = pytest.mark.skipif(os.environ.get("DRAFTGATE_SKIP_VLLM") == "1", reason="DRAFTGATE_SKIP_VLLM=1")
 
@@ -43,7 +46,9 @@ def _client(url: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
 
 
-def _chat(url: str, messages: list[Mapping[str, str]], xargs: Mapping[str, Any] | None = None, **kw: Any) -> list[list[int]]:
+def _chat(
+    url: str, messages: list[Mapping[str, str]], xargs: Mapping[str, Any] | None = None, **kw: Any
+) -> list[list[int]]:
     body: dict[str, Any] = {"return_token_ids": True}
     if xargs:
         body["vllm_xargs"] = dict(xargs)
@@ -57,7 +62,9 @@ def _prompts() -> list[tuple[str, list[Mapping[str, str]]]]:
     """The held-out prompts, first two of each category but the last ones (8), and the built-in ones (6)."""
     heldout = load_prompts(ROOT / "benchmarks" / "prompts" / "heldout.jsonl", per_category=2, limit=8)
     builtin = load_prompts(builtin_prompts_path())
-    return [(f"heldout/{p.id}", p.messages(0, [])) for p in heldout] + [(f"builtin/{p.id}", p.messages(0, [])) for p in builtin]
+    return [(f"heldout/{p.id}", p.messages(0, [])) for p in heldout] + [
+        (f"builtin/{p.id}", p.messages(0, [])) for p in builtin
+    ]
 
 
 PROMPTS = _prompts()
@@ -77,7 +84,9 @@ def test_greedy_output_is_vllms_own(drafter: str, spec: Spec, plain_greedy: dict
         if got != plain_greedy[pid]:
             diffs.append(f"{pid}: first difference at token {first_difference(got, plain_greedy[pid])}")
     after = spec.drafter(drafter)
-    assert diffs == [], f"{drafter}: {len(diffs)} of {len(PROMPTS)} prompts differ from vLLM without speculation: {diffs}"
+    assert diffs == [], (
+        f"{drafter}: {len(diffs)} of {len(PROMPTS)} prompts differ from vLLM without speculation: {diffs}"
+    )
     assert after["accepted"] - before["accepted"] > 0, f"{drafter} drafted nothing that vLLM accepted: {after}"
 
 
@@ -90,7 +99,12 @@ def _samples(url: str, n: int, xargs: Mapping[str, Any] | None = None, temperatu
 
     def one(_: int) -> list[list[int]]:
         r = _client(url).chat.completions.create(
-            model=SERVED_NAME, messages=msgs, temperature=temperature, top_p=0.95, max_tokens=SAMPLE_TOKENS, n=25,
+            model=SERVED_NAME,
+            messages=msgs,
+            temperature=temperature,
+            top_p=0.95,
+            max_tokens=SAMPLE_TOKENS,
+            n=25,
             extra_body=body,
         )  # type: ignore[arg-type]
         return [list(c.model_extra["token_ids"]) for c in r.choices]  # type: ignore[index]
@@ -137,14 +151,18 @@ def _garbage_worker() -> FastAPI:
     return app
 
 
-def test_draft_worker_down_or_broken_costs_only_speed(spec: Spec, worker: Worker, plain_greedy: dict[str, list[int]]) -> None:
+def test_draft_worker_down_or_broken_costs_only_speed(
+    spec: Spec, worker: Worker, plain_greedy: dict[str, list[int]]
+) -> None:
     pid, msgs = PROMPTS[0]
     long_msgs = [{"role": "user", "content": COPY * 3}]
     reference = _chat(spec.url, long_msgs, {"draftgate_speculate": 0}, max_tokens=160)[0]
     first = spec.stats()["remote"]
     # Killed mid-request: the request finishes with vLLM's own output.
     out: list[list[int]] = []
-    t = threading.Thread(target=lambda: out.append(_chat(spec.url, long_msgs, {"draftgate_drafter": "remote"}, max_tokens=160)[0]))
+    t = threading.Thread(
+        target=lambda: out.append(_chat(spec.url, long_msgs, {"draftgate_drafter": "remote"}, max_tokens=160)[0])
+    )
     t.start()
     time.sleep(1.0)
     worker.stop()
@@ -187,7 +205,11 @@ def test_switch_and_options_from_outside(spec: Spec, plain_greedy: dict[str, lis
 
 def _vllm_counter(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def test_vllm_spec_metrics_agree_with_ours(spec: Spec) -> None:

@@ -183,7 +183,9 @@ def test_zero_fill_patches_once(fake: FakeVllm) -> None:
 # ------------------------------------------------------------------ the CPU expand kernel
 
 
-def test_an_expand_that_leaves_float_outputs_unwritten_is_replaced(fake: FakeVllm, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_expand_that_leaves_float_outputs_unwritten_is_replaced(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
     cpu_tl = fake.expand(broken_expand)
     assert plugin.repair_cpu_expand() is True
     impl = cpu_tl._expand_kernel_impl
@@ -263,7 +265,9 @@ def test_register_applies_both_patches_and_shares_vllms_log(
     assert cpu_tl._expand_kernel_impl is not broken_expand
 
 
-def test_register_keeps_draftgates_own_log_handlers(fake: FakeVllm, loggers: tuple[logging.Logger, logging.Logger]) -> None:
+def test_register_keeps_draftgates_own_log_handlers(
+    fake: FakeVllm, loggers: tuple[logging.Logger, logging.Logger]
+) -> None:
     ours, theirs = loggers
     mine, vllms = logging.NullHandler(), logging.NullHandler()
     ours.handlers.append(mine)

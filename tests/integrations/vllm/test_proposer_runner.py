@@ -55,7 +55,9 @@ class FakeModelRunner:
     def __init__(self, drafter: Proposer, xargs: Mapping[str, Mapping[str, Any] | None]) -> None:
         self.drafter = drafter
         self.input_batch = types.SimpleNamespace(req_ids=list(xargs))
-        self.requests = {r: types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=x)) for r, x in xargs.items()}
+        self.requests = {
+            r: types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=x)) for r, x in xargs.items()
+        }
 
     def propose_draft_token_ids(self, histories: Sequence[Sequence[int]]) -> list[list[int]]:
         return self.drafter.propose(*_inputs(histories))
@@ -131,7 +133,9 @@ def _plain_function(drafter: Proposer, histories: Sequence[Sequence[int]]) -> li
         pytest.param(lambda p, h: _RequestsOnly(p).call(h), id="requests-only"),
     ],
 )
-def test_an_unknown_caller_gets_drafts_by_batch_row(proposer: Proposer, caplog: pytest.LogCaptureFixture, call: Any) -> None:
+def test_an_unknown_caller_gets_drafts_by_batch_row(
+    proposer: Proposer, caplog: pytest.LogCaptureFixture, call: Any
+) -> None:
     drafts = call(proposer, [TEXT[:17], TEXT[:20]])
     assert drafts == [TEXT[17 : 17 + K], TEXT[20 : 20 + K]]
     assert proposer.core.known("row-0") and proposer.core.known("row-1") and not proposer.core.known("x")

@@ -62,8 +62,12 @@ class Gateway:
         return client.chat.completions.create(model=route, messages=[{"role": "user", "content": prompt}], **kw)
 
     def admin(self, route: str, changes: dict[str, Any]) -> dict[str, Any]:
-        r = httpx.post(f"{self.url}/admin/routes/{route}", json=changes,
-                       headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)  # fmt: skip
+        r = httpx.post(
+            f"{self.url}/admin/routes/{route}",
+            json=changes,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=10,
+        )
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]
 
@@ -90,11 +94,17 @@ def proxy(plain: str) -> Iterator[tuple[str, Faults]]:
 def gateway(plain: str, worker: Worker, proxy: tuple[str, Faults]) -> Iterator[Gateway]:
     target = parse_target(f"vllm+{plain}")
     routes = [
-        RouteSpec(d, EngineConfig(drafter=DrafterKind.NGRAM), target=target,
-                  drafter=parse_drafter(worker.url, 0.2) if d == "worker" else parse_drafter(d))
+        RouteSpec(
+            d,
+            EngineConfig(drafter=DrafterKind.NGRAM),
+            target=target,
+            drafter=parse_drafter(worker.url, 0.2) if d == "worker" else parse_drafter(d),
+        )
         for d in DRAFTERS
-    ]  # fmt: skip
-    routes.append(RouteSpec("faulty", EngineConfig(drafter=DrafterKind.SUFFIX), target=parse_target(f"vllm+{proxy[0]}")))
+    ]
+    routes.append(
+        RouteSpec("faulty", EngineConfig(drafter=DrafterKind.SUFFIX), target=parse_target(f"vllm+{proxy[0]}"))
+    )
     table = build_route_table(routes)
     auth = AuthConfig(api_keys=frozenset({CLIENT_KEY}), admin_keys=frozenset({ADMIN_KEY}))
     try:
@@ -112,7 +122,10 @@ def reference(plain: str) -> dict[str, str]:
     return {
         p: client.chat.completions.create(
             model=SERVED_NAME, messages=[{"role": "user", "content": p}], temperature=0.0, max_tokens=MAX_TOKENS
-        ).choices[0].message.content or ""
+        )
+        .choices[0]
+        .message.content
+        or ""
         for p in PROMPTS
     }
 
@@ -173,10 +186,21 @@ def test_sampled_requests_run_on_vllms_own_sampling(gateway: Gateway, plain: str
     # vLLM's own sampling with the same seed, on its completions route from the same token ids.
     tok = load_model_info("smollm2-135m").tokenizer
     ids = tok.encode_chat([{"role": "user", "content": PROMPTS[0]}])
-    ref = httpx.post(f"{plain}/v1/completions", timeout=300, json={
-        "model": SERVED_NAME, "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0.8, "top_p": 1.0,
-        "seed": 11, "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False,
-    }).json()["choices"][0]  # fmt: skip
+    ref = httpx.post(
+        f"{plain}/v1/completions",
+        timeout=300,
+        json={
+            "model": SERVED_NAME,
+            "prompt": ids,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.8,
+            "top_p": 1.0,
+            "seed": 11,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        },
+    ).json()["choices"][0]
     out = tok.encode(r.choices[0].message.content or "")
     n = len(out) - 2  # the gateway stops at EOS and re-encoding the text can merge its last tokens
     assert n > 8 and ref["token_ids"][:n] == out[:n]
@@ -191,8 +215,12 @@ def test_operations_switch_shadow_canaries_on_the_rounds_route(gateway: Gateway,
         assert r.choices[0].message.content == reference[p] and r.model_extra["speculative"]["draft_tokens"] == 0
     assert gateway.metric("draftgate:spec_decode_num_draft_tokens_total", "suffix") == before
     deadline = time.monotonic() + 60
-    while httpx.get(f"{gateway.url}/admin/routes/suffix", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                    timeout=10).json()["shadow"]["requests"] < 2:  # fmt: skip
+    while (
+        httpx.get(
+            f"{gateway.url}/admin/routes/suffix", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
+        ).json()["shadow"]["requests"]
+        < 2
+    ):
         assert time.monotonic() < deadline, "no shadow replay"
         time.sleep(0.2)
     assert gateway.admin("suffix", {"enabled": True, "shadow_fraction": 0.0})["speculating"] is True
@@ -232,7 +260,9 @@ def test_a_failed_scoring_round_costs_no_token(gateway: Gateway, reference: dict
     _assert_released(gateway.backend("faulty"))
 
 
-def test_a_late_scoring_round_times_out_and_decodes_plainly(proxy: tuple[str, Faults], reference: dict[str, str]) -> None:
+def test_a_late_scoring_round_times_out_and_decodes_plainly(
+    proxy: tuple[str, Faults], reference: dict[str, str]
+) -> None:
     url, f = proxy
     tok = load_model_info("smollm2-135m").tokenizer
     client = httpx.Client(timeout=httpx.Timeout(60.0, connect=10.0))
@@ -249,15 +279,20 @@ def test_a_late_scoring_round_times_out_and_decodes_plainly(proxy: tuple[str, Fa
     assert f.hits >= 1 and out.stats is not None and out.stats.fallback_rounds >= 1
 
 
-def test_vllm_gone_mid_stream_is_an_openai_error_and_nothing_leaks(gateway: Gateway, plain: str,
-                                                                   reference: dict[str, str]) -> None:  # fmt: skip
+def test_vllm_gone_mid_stream_is_an_openai_error_and_nothing_leaks(
+    gateway: Gateway, plain: str, reference: dict[str, str]
+) -> None:
     f = gateway.faults
     f.clear()
     client = OpenAI(base_url=f"{gateway.url}/v1", api_key=CLIENT_KEY, timeout=300, max_retries=0)
     stream = client.chat.completions.create(
-        model="faulty", messages=[{"role": "user", "content": PROMPTS[1]}], stream=True, max_tokens=400,
-        temperature=0.0, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model="faulty",
+        messages=[{"role": "user", "content": PROMPTS[1]}],
+        stream=True,
+        max_tokens=400,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
     got = 0
     with pytest.raises(openai.APIError, match="vLLM"):
         for chunk in stream:

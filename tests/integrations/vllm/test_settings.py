@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.integrations.vllm.settings import (
-    DrafterName,
-    ProposerSettings,
-    RequestOptions,
-    SettingsError,
-)
+from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings, RequestOptions, SettingsError
 
 
 def test_defaults_and_env() -> None:
@@ -25,10 +20,18 @@ def test_defaults_and_env() -> None:
     }
     s = ProposerSettings.from_env(env, k_max=8)
     assert (s.drafter, s.k, s.draft_url, s.draft_timeout_s, s.prefetch, s.control_port) == (
-        DrafterName.REMOTE, 3, "http://127.0.0.1:8100", 0.02, False, 8199,
-    )  # fmt: skip
+        DrafterName.REMOTE,
+        3,
+        "http://127.0.0.1:8100",
+        0.02,
+        False,
+        8199,
+    )
     # a proposer class's own drafter wins over the variable
-    assert ProposerSettings.from_env({"DRAFTGATE_VLLM_DRAFTER": "ngram"}, 8, DrafterName.SUFFIX).drafter is DrafterName.SUFFIX
+    assert (
+        ProposerSettings.from_env({"DRAFTGATE_VLLM_DRAFTER": "ngram"}, 8, DrafterName.SUFFIX).drafter
+        is DrafterName.SUFFIX
+    )
 
 
 @pytest.mark.parametrize(

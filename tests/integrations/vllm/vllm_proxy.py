@@ -51,8 +51,12 @@ def proxy_app(upstream: str, faults: Faults) -> FastAPI:
         if scoring and faults.scoring == "slow":
             faults.hits += 1
             await asyncio.sleep(faults.delay_s)
-        req = client.build_request(request.method, f"{upstream}/{path}", content=body or None,
-                                   headers={"content-type": "application/json"} if body else None)  # fmt: skip
+        req = client.build_request(
+            request.method,
+            f"{upstream}/{path}",
+            content=body or None,
+            headers={"content-type": "application/json"} if body else None,
+        )
         r = await client.send(req, stream=True)
         if obj.get("stream"):
             faults.streams += 1

@@ -9,12 +9,6 @@ step's logic: `rounds`; remote drafts with deadline and prefetch: `remote`; metr
 runtime switch: `sidecar`; the plugin vLLM loads in each process: `plugin`.
 """
 
-from draftgate.integrations.vllm.proposer import (
-    AutoProposer,
-    NgramProposer,
-    Proposer,
-    RemoteProposer,
-    SuffixProposer,
-)
+from draftgate.integrations.vllm.proposer import AutoProposer, NgramProposer, Proposer, RemoteProposer, SuffixProposer
 
 __all__ = ["AutoProposer", "NgramProposer", "Proposer", "RemoteProposer", "SuffixProposer"]

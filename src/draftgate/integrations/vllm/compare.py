@@ -31,41 +31,24 @@ import argparse
 import json
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from draftgate.bench.delay_proxy import DelayProxy
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
-from draftgate.integrations.vllm.launch import (
-    SERVED_NAME,
-    VllmEnv,
-    VllmLaunch,
-    draftgate_spec,
-    free_port,
-    vllm_server,
-)
+from draftgate.integrations.vllm.compare_servers import Arm, RemoteTier, start_servers
+from draftgate.integrations.vllm.launch import SERVED_NAME, VllmEnv
 from draftgate.integrations.vllm.probes import prefix_cache, round_cost
 
 __all__ = ["ARMS", "Arm", "main"]
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    server: str  # "plain" | "ngram" | "draftgate": which vLLM process serves it
-    xargs: Mapping[str, Any] = field(default_factory=dict)
-    what: str = ""
-    gateway: str | None = None  # a DraftGate gateway with this drafter in front of the server (its own rounds)
 
 
 ARMS = {
@@ -73,12 +56,19 @@ ARMS = {
     for a in (
         Arm("vllm", "plain", what="vLLM alone"),
         Arm("vllm-ngram", "ngram", what="vLLM's own ngram speculation"),
-        Arm("dg-auto", "draftgate", {"draftgate_drafter": "auto"}, "DraftGate auto (suffix + n-gram, goodput controller)"),
+        Arm(
+            "dg-auto",
+            "draftgate",
+            {"draftgate_drafter": "auto"},
+            "DraftGate auto (suffix + n-gram, goodput controller)",
+        ),
         Arm("dg-suffix", "draftgate", {"draftgate_drafter": "suffix"}, "DraftGate suffix store, controller K"),
         Arm("dg-ngram", "draftgate", {"draftgate_drafter": "ngram"}, "DraftGate n-gram lookup, controller K"),
         Arm("dg-remote", "draftgate", {"draftgate_drafter": "remote"}, "DraftGate remote draft worker (n-gram)"),
-        *(Arm(f"gw-{d}", "plain", what=f"DraftGate gateway, its own rounds ({d}), vLLM alone scoring", gateway=d)
-          for d in ("suffix", "auto", "ngram", "none")),
+        *(
+            Arm(f"gw-{d}", "plain", what=f"DraftGate gateway, its own rounds ({d}), vLLM alone scoring", gateway=d)
+            for d in ("suffix", "auto", "ngram", "none")
+        ),
     )
 }
 
@@ -102,9 +92,13 @@ def _chat(
     """(token ids, or their count where the server returns none: the gateway), text, seconds, drafts
     scored (the gateway's ``speculative`` stats; 0 elsewhere)."""
     body: dict[str, Any] = {
-        "model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-        "return_token_ids": True, "cache_salt": salt,
-    }  # fmt: skip
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        "cache_salt": salt,
+    }
     if arm.xargs:
         body["vllm_xargs"] = dict(arm.xargs)
     t0 = time.perf_counter()
@@ -119,7 +113,9 @@ def _chat(
     return toks, choice["message"]["content"] or "", seconds, drafted
 
 
-def _conversation(client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int) -> tuple[list[Any], float, int]:
+def _conversation(
+    client: httpx.Client, url: str, p: BenchPrompt, arm: Arm, max_tokens: int
+) -> tuple[list[Any], float, int]:
     """Every turn of ``p``, answered in order on the arm's own answers: (token ids or count, text) per
     turn, seconds, drafts scored."""
     answers: list[str] = []
@@ -145,7 +141,12 @@ def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
 
 
 def run_compare(
-    urls: Mapping[str, str], arms: Sequence[Arm], prompts: Sequence[BenchPrompt], runs: int, concurrency: int, max_tokens: int
+    urls: Mapping[str, str],
+    arms: Sequence[Arm],
+    prompts: Sequence[BenchPrompt],
+    runs: int,
+    concurrency: int,
+    max_tokens: int,
 ) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, list[float]]]:
     """Tallies per (arm, category) per run, and vLLM's prefix-cache [hits, queries] during each arm's
     requests with the drafts they scored (prompt tokens no cache can hold)."""
@@ -161,7 +162,9 @@ def run_compare(
                 for arm in [*arms[shift:], *arms[:shift]]:
                     h0, q0 = prefix_cache(urls[arm.server])
                     t0 = time.perf_counter()
-                    results = list(pool.map(lambda p, a=arm: _conversation(client, _url(urls, a), p, a, max_tokens), group))
+                    results = list(
+                        pool.map(lambda p, a=arm: _conversation(client, _url(urls, a), p, a, max_tokens), group)
+                    )
                     wall = time.perf_counter() - t0
                     h1, q1 = prefix_cache(urls[arm.server])
                     cache[arm.name][0] += h1 - h0
@@ -189,19 +192,24 @@ def run_compare(
 
 
 # Rows that sum categories of the held-out prompt set: where drafts come from the context, and where they do not.
-GROUPS = {
-    "grounded": ("summarization", "rag_qa", "code_edit"),
-    "open": ("open_chat", "writing", "translation", "qa"),
-}
+GROUPS = {"grounded": ("summarization", "rag_qa", "code_edit"), "open": ("open_chat", "writing", "translation", "qa")}
 
 
-def render(tallies: Mapping[tuple[str, str], list[Tally]], arms: Sequence[Arm], categories: Sequence[str], concurrency: int) -> str:
+def render(
+    tallies: Mapping[tuple[str, str], list[Tally]], arms: Sequence[Arm], categories: Sequence[str], concurrency: int
+) -> str:
     """Markdown: output tokens/s per category and arm (median of runs), ratio to vLLM alone, identical outputs."""
     head = "| category | " + " | ".join(a.name for a in arms) + " |"
-    lines = [f"concurrency {concurrency}; tokens/s (median of runs), x vLLM alone, greedy outputs identical to vLLM alone", "",
-             head, "|" + "---|" * (len(arms) + 1)]  # fmt: skip
+    lines = [
+        f"concurrency {concurrency}; tokens/s (median of runs), x vLLM alone, greedy outputs identical to vLLM alone",
+        "",
+        head,
+        "|" + "---|" * (len(arms) + 1),
+    ]
     rows = [(c, [c]) for c in categories]
-    rows += [(g, [c for c in cats if c in categories]) for g, cats in GROUPS.items() if any(c in categories for c in cats)]
+    rows += [
+        (g, [c for c in cats if c in categories]) for g, cats in GROUPS.items() if any(c in categories for c in cats)
+    ]
     rows.append(("all", list(categories)))
     for name, cats in rows:
         cells = []
@@ -231,108 +239,46 @@ def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequen
     return statistics.median(t.rate for t in _runs(tallies, arm, cats))
 
 
-@contextmanager
-def _gateway(target: str, drafter: str, port: int) -> Iterator[str]:
-    """`draftgate serve` in its own process: one route named as vLLM's model, its target the vLLM server."""
-    cmd = [sys.executable, "-m", "draftgate", "serve", "--target", f"vllm+{target}", "--drafter", drafter,
-           "--served-model-name", SERVED_NAME, "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    with _process(cmd, port, "the gateway") as url:
-        yield url
-
-
-@contextmanager
-def _process(cmd: list[str], port: int, what: str) -> Iterator[str]:
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with status {proc.returncode}")
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"{what} did not answer {url}/health within 60 s")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@dataclass(frozen=True)
-class RemoteTier:
-    """How ``dg-remote`` reaches its draft worker."""
-
-    delay_ms: float = 0.0  # added each way by a delay proxy (0: straight to the worker)
-    prefetch: bool = True  # the proposer's precomputation (DRAFTGATE_VLLM_PREFETCH)
-
-    def url(self, stack: ExitStack) -> str:
-        wport = free_port()
-        cmd = [sys.executable, "-m", "draftgate", "serve-draft", "--drafter", "ngram", "--port", str(wport), "--log-level", "warning"]
-        worker = stack.enter_context(_process(cmd, wport, "the draft worker"))
-        if self.delay_ms <= 0:
-            return worker
-        port = stack.enter_context(DelayProxy(("127.0.0.1", int(worker.rsplit(":", 1)[1])), self.delay_ms / 1000.0))
-        return f"http://127.0.0.1:{port}"
-
-
-def _servers(
-    stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_k: int, logs: Path, remote: RemoteTier
-) -> tuple[dict[str, str], str | None]:
-    """Start the vLLM processes the arms need, one after another; their URLs, and the proposer's side server."""
-    need = {a.server for a in arms}
-    urls: dict[str, str] = {}
-    control = None
-    for server in ("plain", "ngram", "draftgate"):
-        if server not in need:
-            continue
-        print(f"starting vLLM ({server}) ...", file=sys.stderr, flush=True)
-        spec: dict[str, Any] | None = None
-        extra: dict[str, str] = {}
-        if server == "ngram":
-            spec = {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-        elif server == "draftgate":
-            spec = draftgate_spec(k)
-            port = free_port()
-            extra["DRAFTGATE_VLLM_CONTROL_PORT"] = str(port)
-            control = f"http://127.0.0.1:{port}"
-            if any(a.name == "dg-remote" for a in arms):
-                extra["DRAFTGATE_VLLM_DRAFT_URL"] = remote.url(stack)
-                extra["DRAFTGATE_VLLM_PREFETCH"] = "1" if remote.prefetch else "0"
-        # vLLM alone also serves its token route: the gateway arms' rounds score through it.
-        launch = VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log", scale_out=server == "plain")
-        urls[server] = stack.enter_context(vllm_server(launch))
-    for a in arms:
-        if a.gateway is not None:
-            print(f"starting the DraftGate gateway ({a.name}) ...", file=sys.stderr, flush=True)
-            urls[a.name] = stack.enter_context(_gateway(urls[a.server], a.gateway, free_port()))
-    return urls, control
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m draftgate.integrations.vllm.compare", description=__doc__.split("\n\n")[0],
+        prog="python -m draftgate.integrations.vllm.compare",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="arms: " + "; ".join(f"{a.name}: {a.what}" for a in ARMS.values()),
-    )  # fmt: skip
-    ap.add_argument("--vllm-python", type=Path, required=True, help="python of the vLLM virtualenv (scripts/vllm_env.sh prints it)")
-    ap.add_argument("--model", type=Path, required=True, help="the model's Hugging Face folder (scripts/vllm_env.sh prints it)")
+    )
+    ap.add_argument(
+        "--vllm-python", type=Path, required=True, help="python of the vLLM virtualenv (scripts/vllm_env.sh prints it)"
+    )
+    ap.add_argument(
+        "--model", type=Path, required=True, help="the model's Hugging Face folder (scripts/vllm_env.sh prints it)"
+    )
     ap.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file (default: the built-in prompts)")
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts")
     ap.add_argument("--arms", default="vllm,vllm-ngram,dg-auto", help="comma-separated arms (default: %(default)s)")
-    ap.add_argument("--runs", type=int, default=1, help="passes over the prompts, arms interleaved (default: %(default)s)")
+    ap.add_argument(
+        "--runs", type=int, default=1, help="passes over the prompts, arms interleaved (default: %(default)s)"
+    )
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight per arm (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: %(default)s)")
-    ap.add_argument("--k", type=int, default=8, help="DraftGate's largest K, num_speculative_tokens (default: %(default)s)")
+    ap.add_argument(
+        "--k", type=int, default=8, help="DraftGate's largest K, num_speculative_tokens (default: %(default)s)"
+    )
     ap.add_argument("--ngram-k", type=int, default=8, help="K of vLLM's own ngram arm (default: %(default)s)")
-    ap.add_argument("--draft-delay-ms", type=float, default=0.0,
-                    help="dg-remote: milliseconds added each way between vLLM and the draft worker (a delay proxy; default: none)")
-    ap.add_argument("--prefetch", choices=("on", "off"), default="on",
-                    help="dg-remote: draft the next round while vLLM verifies (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=Path("vllm-compare"), help="folder for logs and results (default: %(default)s)")
+    ap.add_argument(
+        "--draft-delay-ms",
+        type=float,
+        default=0.0,
+        help="dg-remote: milliseconds added each way between vLLM and the draft worker (a delay proxy; default: none)",
+    )
+    ap.add_argument(
+        "--prefetch",
+        choices=("on", "off"),
+        default="on",
+        help="dg-remote: draft the next round while vLLM verifies (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--out", type=Path, default=Path("vllm-compare"), help="folder for logs and results (default: %(default)s)"
+    )
     a = ap.parse_args(argv)
     unknown = [n for n in a.arms.split(",") if n not in ARMS]
     if unknown:
@@ -345,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         remote = RemoteTier(a.draft_delay_ms, a.prefetch == "on")
-        urls, control = _servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
+        urls, control = start_servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
         tallies, cache = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
         cost = None
         if any(x.gateway for x in arms):
@@ -368,9 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line += f"; {h / rest:.1%} of those past the first prompts and the {drafted:.0f} drafts scored"
             print(line)
     if cost:
-        print(f"a round on vLLM's token route ({cost['prompt_tokens']} prompt tokens + {cost['k']} drafts): "
-              f"{cost['score_ms']:.1f} ms = {cost['score_ms'] / cost['token_ms']:.2f} plain tokens of "
-              f"{cost['token_ms']:.1f} ms; any request (max_tokens 1): {cost['request_ms']:.1f} ms")  # fmt: skip
+        print(
+            f"a round on vLLM's token route ({cost['prompt_tokens']} prompt tokens + {cost['k']} drafts): "
+            f"{cost['score_ms']:.1f} ms = {cost['score_ms'] / cost['token_ms']:.2f} plain tokens of "
+            f"{cost['token_ms']:.1f} ms; any request (max_tokens 1): {cost['request_ms']:.1f} ms"
+        )
     if stats:
         for name, s in stats["drafters"].items():
             if s["drafted"]:
@@ -378,10 +326,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "remote" in stats:
             print(f"remote tier: {stats['remote']}")
     results = {
-        "arms": [a.name for a in arms], "runs": a.runs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
+        "arms": [a.name for a in arms],
+        "runs": a.runs,
+        "concurrency": a.concurrency,
+        "max_tokens": a.max_tokens,
         "tallies": {f"{arm}/{cat}": [vars(t) for t in ts] for (arm, cat), ts in tallies.items()},
-        "proposer": stats, "table": table, "round_cost": cost, "prefix_cache": {k: {"hits": v[0], "queries": v[1], "drafts": v[2]} for k, v in cache.items()},
-    }  # fmt: skip
+        "proposer": stats,
+        "table": table,
+        "round_cost": cost,
+        "prefix_cache": {k: {"hits": v[0], "queries": v[1], "drafts": v[2]} for k, v in cache.items()},
+    }
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts[:1])
     print("identical outputs: " + ("yes, every arm" if same else "NO (see the table)"))

@@ -28,7 +28,16 @@ import httpx
 
 from draftgate.errors import DraftGateError
 
-__all__ = ["SERVED_NAME", "VllmEnv", "VllmLaunch", "VllmStartError", "draftgate_spec", "free_port", "vllm_env", "vllm_server"]
+__all__ = [
+    "SERVED_NAME",
+    "VllmEnv",
+    "VllmLaunch",
+    "VllmStartError",
+    "draftgate_spec",
+    "free_port",
+    "vllm_env",
+    "vllm_server",
+]
 
 SERVED_NAME = "smol"
 STARTUP_TIMEOUT_S = 600.0
@@ -76,12 +85,28 @@ class VllmLaunch:
 
     def command(self, port: int) -> list[str]:
         cmd = [
-            str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.env.model), "--served-model-name", SERVED_NAME,
-            "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(self.max_model_len),
-            "--enable-prefix-caching", "--enforce-eager", "--seed", "0", "--block-size", "32",
-        ]  # fmt: skip
+            str(self.env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.env.model),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enable-prefix-caching",
+            "--enforce-eager",
+            "--seed",
+            "0",
+            "--block-size",
+            "32",
+        ]
         if self.scale_out:
             cmd.append("--enable-scale-out")
         if self.speculative is not None:
@@ -92,9 +117,13 @@ class VllmLaunch:
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)
         env.update(
-            VLLM_HOST_IP="127.0.0.1", VLLM_LOOPBACK_IP="127.0.0.1", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
-            HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", PYTHONUNBUFFERED="1",
-        )  # fmt: skip
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_LOOPBACK_IP="127.0.0.1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            PYTHONUNBUFFERED="1",
+        )
         env.update(self.extra_env)
         return env
 

@@ -88,8 +88,9 @@ def zero_fill_prompt_logprobs() -> bool:
     LogprobsTensors.empty_cpu = staticmethod(empty_cpu)  # type: ignore[method-assign]
     log.info(
         "vLLM %s hands out prompt log-probability rows uninitialised (%s); DraftGate zero-fills them",
-        version, "seen in a probe" if garbage else "its allocator uses torch.empty",
-    )  # fmt: skip
+        version,
+        "seen in a probe" if garbage else "its allocator uses torch.empty",
+    )
     return True
 
 
@@ -147,8 +148,9 @@ def repair_cpu_expand() -> bool:
     cpu_tl._expand_kernel_impl = _expand_kernel_impl
     log.info(
         "vLLM %s leaves the CPU rejection sampler's per-draft temperature and top-p unwritten; DraftGate repairs "
-        "its expand kernel (sampled requests with drafts are exact again)", version,
-    )  # fmt: skip
+        "its expand kernel (sampled requests with drafts are exact again)",
+        version,
+    )
     return True
 
 

@@ -30,8 +30,11 @@ def round_cost(url: str, prompt_ids: Sequence[int], k: int = 16, reps: int = 5) 
     with httpx.Client(timeout=120) as c:
         c.post(gen, json={"token_ids": list(prompt_ids), "sampling_params": {**sp, "max_tokens": 1}})  # cache it
         arrivals: list[float] = []
-        with c.stream("POST", gen, json={"token_ids": list(prompt_ids), "stream": True,
-                                         "sampling_params": {**sp, "max_tokens": 48}}) as r:  # fmt: skip
+        with c.stream(
+            "POST",
+            gen,
+            json={"token_ids": list(prompt_ids), "stream": True, "sampling_params": {**sp, "max_tokens": 48}},
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     arrivals.append(time.perf_counter())
@@ -41,10 +44,25 @@ def round_cost(url: str, prompt_ids: Sequence[int], k: int = 16, reps: int = 5) 
             t0 = time.perf_counter()
             c.post(gen, json={"token_ids": ids, "sampling_params": {**sp, "max_tokens": 1}})
             t1 = time.perf_counter()
-            c.post(gen, json={"token_ids": [*ids, *range(400, 400 + k)], "sampling_params": {
-                **sp, "max_tokens": 1, "prompt_logprobs": 1, "skip_reading_prefix_cache": False}})  # fmt: skip
+            c.post(
+                gen,
+                json={
+                    "token_ids": [*ids, *range(400, 400 + k)],
+                    "sampling_params": {
+                        **sp,
+                        "max_tokens": 1,
+                        "prompt_logprobs": 1,
+                        "skip_reading_prefix_cache": False,
+                    },
+                },
+            )
             one.append(t1 - t0)
             score.append(time.perf_counter() - t1)
     gaps = [b - a for a, b in zip(arrivals[1:], arrivals[2:], strict=False)]
-    return {"token_ms": 1e3 * statistics.median(gaps), "request_ms": 1e3 * statistics.median(one),
-            "score_ms": 1e3 * statistics.median(score), "prompt_tokens": len(prompt_ids), "k": k}  # fmt: skip
+    return {
+        "token_ms": 1e3 * statistics.median(gaps),
+        "request_ms": 1e3 * statistics.median(one),
+        "score_ms": 1e3 * statistics.median(score),
+        "prompt_tokens": len(prompt_ids),
+        "k": k,
+    }

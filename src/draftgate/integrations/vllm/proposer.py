@@ -1,4 +1,5 @@
-"""The class vLLM loads: ``--speculative-config '{"method": "custom_class", "model": "draftgate.integrations.vllm.Proposer", "num_speculative_tokens": 8}'``.
+"""The class vLLM loads: ``--speculative-config '{"method": "custom_class", "model":
+"draftgate.integrations.vllm.Proposer", "num_speculative_tokens": 8}'``.
 
 vLLM builds it in its worker with the engine's config and calls ``propose`` once per step.
 The drafter is ``DRAFTGATE_VLLM_DRAFTER`` (default ``auto``), or fixed by the class named:
@@ -105,9 +106,14 @@ class Proposer:
         s = self.settings
         log.info(
             "DraftGate proposer: drafter %s, K %s (max %d)%s",
-            s.drafter.value, "auto" if s.k is None else s.k, s.k_max,
-            f", draft worker {s.draft_url} (deadline {s.draft_timeout_s * 1000:g} ms, prefetch {'on' if s.prefetch else 'off'})" if s.draft_url else "",
-        )  # fmt: skip
+            s.drafter.value,
+            "auto" if s.k is None else s.k,
+            s.k_max,
+            f", draft worker {s.draft_url} (deadline {s.draft_timeout_s * 1000:g} ms, "
+            f"prefetch {'on' if s.prefetch else 'off'})"
+            if s.draft_url
+            else "",
+        )
 
     def load_model(self, *args: object, **kwargs: object) -> None:
         """vLLM hands the proposer the target model; DraftGate's drafters need none of it."""

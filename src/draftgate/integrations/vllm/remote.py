@@ -128,7 +128,9 @@ class PrefetchingDrafter:
             if count:
                 self.counters.failures += 1
                 if self.counters.failures == 1:
-                    log.warning("remote draft worker failed (%s: %s); rounds go on without its drafts", type(e).__name__, e)
+                    log.warning(
+                        "remote draft worker failed (%s: %s); rounds go on without its drafts", type(e).__name__, e
+                    )
             return None
         finally:
             if count:

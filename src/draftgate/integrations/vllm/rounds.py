@@ -29,12 +29,7 @@ from draftgate.drafters.base import Draft, Drafter, DraftRequest
 from draftgate.engine.costs import CostModel
 from draftgate.engine.policy import SpeculationPolicy
 from draftgate.engine.round import Round
-from draftgate.integrations.vllm.settings import (
-    DrafterName,
-    ProposerSettings,
-    RequestOptions,
-    SettingsError,
-)
+from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings, RequestOptions, SettingsError
 from draftgate.types import MAX_NEW_TOKENS_LIMIT, SamplingParams
 
 __all__ = ["Control", "DrafterStats", "ProposerCore", "Row"]
@@ -221,7 +216,9 @@ class ProposerCore:
         except Exception as e:  # a failed drafter costs these rows their drafts, nothing else
             s.failures += 1
             if s.failures == 1:
-                log.warning("drafter %s failed (%s: %s); its rows decode without drafts", name.value, type(e).__name__, e)
+                log.warning(
+                    "drafter %s failed (%s: %s); its rows decode without drafts", name.value, type(e).__name__, e
+                )
             return
         seconds = self._clock() - t0
         s.calls += 1

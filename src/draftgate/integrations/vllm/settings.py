@@ -110,7 +110,9 @@ class ProposerSettings:
         if self.draft_url is not None and not self.draft_url.startswith(("http://", "https://")):
             raise SettingsError(f"DRAFTGATE_VLLM_DRAFT_URL must start with http:// or https://, got {self.draft_url!r}")
         if self.drafter is DrafterName.REMOTE and self.draft_url is None:
-            raise SettingsError("the remote drafter needs DRAFTGATE_VLLM_DRAFT_URL=http://HOST:PORT (a draftgate serve-draft worker)")
+            raise SettingsError(
+                "the remote drafter needs DRAFTGATE_VLLM_DRAFT_URL=http://HOST:PORT (a draftgate serve-draft worker)"
+            )
         if not self.draft_timeout_s > 0:
             raise SettingsError(f"DRAFTGATE_VLLM_DRAFT_TIMEOUT_MS must be > 0, got {self.draft_timeout_s * 1000:g}")
         if not 0 <= self.control_port <= 65535:
@@ -163,7 +165,11 @@ class RequestOptions:
                 f"unknown option {unknown[0]!r}: vllm_xargs takes draftgate_speculate, draftgate_drafter, draftgate_k"
             )
         return cls(
-            speculate=_flag(ours["draftgate_speculate"], "draftgate_speculate") if "draftgate_speculate" in ours else True,
-            drafter=DrafterName.parse(ours["draftgate_drafter"], "draftgate_drafter") if "draftgate_drafter" in ours else None,
+            speculate=_flag(ours["draftgate_speculate"], "draftgate_speculate")
+            if "draftgate_speculate" in ours
+            else True,
+            drafter=DrafterName.parse(ours["draftgate_drafter"], "draftgate_drafter")
+            if "draftgate_drafter" in ours
+            else None,
             k=_k(ours["draftgate_k"], k_max, "draftgate_k") if "draftgate_k" in ours else None,
         )

@@ -71,8 +71,14 @@ class _Collector:
             ):
                 value = float(getattr(self.remote, attr))
                 yield CounterMetricFamily(f"draftgate_vllm_remote_{metric}", doc, value=value)
-        yield GaugeMetricFamily("draftgate_vllm_speculation_enabled", "The deployment's switch (1: on)", value=float(self.core.control.enabled))
-        yield GaugeMetricFamily("draftgate_vllm_requests", "Requests the proposer tracks", value=float(self.core.num_requests))
+        yield GaugeMetricFamily(
+            "draftgate_vllm_speculation_enabled",
+            "The deployment's switch (1: on)",
+            value=float(self.core.control.enabled),
+        )
+        yield GaugeMetricFamily(
+            "draftgate_vllm_requests", "Requests the proposer tracks", value=float(self.core.num_requests)
+        )
 
 
 class Sidecar:

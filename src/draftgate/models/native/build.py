@@ -33,9 +33,18 @@ DEFAULT_SPIN_US = 1000
 _SRC = Path(__file__).resolve().parent
 # Every file the library is built from (the cache key hashes them): kernels.cpp and the headers it includes.
 _SOURCES = (
-    "kernels.cpp", "attention.h", "forward.h", "gemm.h", "gguf_decode.h", "head_step.h", "packed.h", "pool.h",
-    "qgemm.h", "rows.h", "simd.h",
-)  # fmt: skip
+    "kernels.cpp",
+    "attention.h",
+    "forward.h",
+    "gemm.h",
+    "gguf_decode.h",
+    "head_step.h",
+    "packed.h",
+    "pool.h",
+    "qgemm.h",
+    "rows.h",
+    "simd.h",
+)
 LEVELS = ("avx512vnni", "avx512", "avx2", "portable")
 _MARCH = {
     "avx512vnni": ["-march=x86-64-v4", "-mavx512vnni"],
@@ -81,8 +90,7 @@ def _compiler() -> str:
         if path:
             return path
     raise NativeUnavailable(
-        "no C++ compiler found (g++, c++ or clang++): install one (Debian: apt install g++) "
-        "or run with --kernels torch"
+        "no C++ compiler found (g++, c++ or clang++): install one (Debian: apt install g++) or run with --kernels torch"
     )
 
 

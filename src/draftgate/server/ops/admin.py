@@ -48,7 +48,9 @@ def admin_router(ops: Ops, auth: AuthConfig) -> APIRouter:
             raise APIError(400, f"the body must be a JSON object with some of {list(_FIELDS)}", code="invalid_value")
         unknown = sorted(set(body) - set(_FIELDS))
         if unknown:
-            raise APIError(400, f"unknown field(s) {unknown}; allowed: {list(_FIELDS)}", param=unknown[0], code="invalid_value")
+            raise APIError(
+                400, f"unknown field(s) {unknown}; allowed: {list(_FIELDS)}", param=unknown[0], code="invalid_value"
+            )
         try:
             ops.update(name, body)
         except ValueError as e:

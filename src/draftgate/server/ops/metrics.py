@@ -47,9 +47,18 @@ class _OpsGauges(Collector):
 
 
 def install_ops_metrics(registry: CollectorRegistry, ops: Ops) -> None:
-    changes = Counter(P + "admin_changes", "Admin (or canary) changes to a route's settings.", [*ROUTE, "field"], registry=registry)
-    rollbacks = Counter(P + "canary_rollbacks", "Speculation switched off by the canary monitor.", ROUTE, registry=registry)
-    checks = Counter(P + "lossless_canary_checks", "Greedy speculative outputs re-run plainly and compared.", ROUTE, registry=registry)
+    changes = Counter(
+        P + "admin_changes", "Admin (or canary) changes to a route's settings.", [*ROUTE, "field"], registry=registry
+    )
+    rollbacks = Counter(
+        P + "canary_rollbacks", "Speculation switched off by the canary monitor.", ROUTE, registry=registry
+    )
+    checks = Counter(
+        P + "lossless_canary_checks",
+        "Greedy speculative outputs re-run plainly and compared.",
+        ROUTE,
+        registry=registry,
+    )
     mismatches = Counter(
         P + "lossless_canary_mismatches", "Lossless canary checks whose outputs differed.", ROUTE, registry=registry
     )
@@ -67,4 +76,3 @@ def install_ops_metrics(registry: CollectorRegistry, ops: Ops) -> None:
             mismatches.labels(route).inc()
 
     ops.on_lossless.append(lossless)
-

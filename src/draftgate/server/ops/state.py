@@ -29,10 +29,7 @@ from typing import Any
 
 from draftgate.engine import CostModel
 from draftgate.server.ops.canary import Arm, CanaryConfig, CanaryMonitor, Sample
-from draftgate.server.ops.lossless import (
-    LosslessResult,
-    rerun_plain,
-)
+from draftgate.server.ops.lossless import LosslessResult, rerun_plain
 from draftgate.server.ops.shadow import ShadowTotals, predicted_speedup, score_sequence
 from draftgate.server.ops.worker import BackgroundWorker
 from draftgate.server.routes import Backend, Route, RouteTable
@@ -308,8 +305,10 @@ class Ops:
                 )
                 log.error(
                     "lossless canary: route %s request %s differs from plain decoding at output position %d",
-                    ro.route.name, res.request_id, res.first_diff,
-                )  # fmt: skip
+                    ro.route.name,
+                    res.request_id,
+                    res.first_diff,
+                )
         for cb in self.on_lossless:
             cb(ro.route.name, res.first_diff is not None)
 

@@ -11,14 +11,7 @@ from draftgate.drafters.base import Draft, SparseQ, is_one_hot
 from draftgate.server.proto import target_pb2 as pb
 from draftgate.types import SamplingParams
 
-__all__ = [
-    "GRPC_PREFIX",
-    "WireStats",
-    "params_from_pb",
-    "params_to_pb",
-    "q_rows_from_pb",
-    "round_to_pb",
-]
+__all__ = ["GRPC_PREFIX", "WireStats", "params_from_pb", "params_to_pb", "q_rows_from_pb", "round_to_pb"]
 
 GRPC_PREFIX = 5  # each gRPC message on the wire: 1 flag byte + 4 length bytes
 

@@ -102,9 +102,7 @@ def parse_target(value: object) -> TargetSpec:
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         value = ",".join(value)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(
-            f"target must be {_TARGETS}, got {value!r}"
-        )
+        raise ValueError(f"target must be {_TARGETS}, got {value!r}")
     v = value.strip()
     if v == "embedded":
         return TargetSpec(TargetKind.EMBEDDED)
@@ -139,4 +137,6 @@ def parse_drafter(value: object, timeout_s: float = DEFAULT_REMOTE_DRAFT_TIMEOUT
         url = value.rstrip("/")
         _hostport(url[len("http://") :], "draft worker")
         return DrafterSpec(RemoteDrafterKind.HTTP, url, timeout_s)
-    raise ValueError(f"unknown drafter {value!r}; choose from {', '.join(kinds)}, http://HOST:PORT, llamacpp+http://HOST:PORT")
+    raise ValueError(
+        f"unknown drafter {value!r}; choose from {', '.join(kinds)}, http://HOST:PORT, llamacpp+http://HOST:PORT"
+    )

@@ -15,9 +15,7 @@ from draftgate.server.targets import DrafterSpec, RemoteDrafterKind, TargetKind,
 __all__ = ["build_backend", "make_drafter"]
 
 
-def make_drafter(
-    cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel, features: bool = False
-) -> Drafter | None:
+def make_drafter(cfg: EngineConfig, spec: DrafterSpec, loaded: LoadedModel, features: bool = False) -> Drafter | None:
     """The route's drafter: a built-in kind (cfg.drafter is set to it), or a remote one.
 
     ``features``: the target is embedded, so a drafter may read its hidden states (eagle).
@@ -35,11 +33,7 @@ def make_drafter(
 
 
 def build_backend(
-    cfg: EngineConfig,
-    target: TargetSpec,
-    drafter: DrafterSpec,
-    loaded: LoadedModel,
-    allow_approximate: bool = False,
+    cfg: EngineConfig, target: TargetSpec, drafter: DrafterSpec, loaded: LoadedModel, allow_approximate: bool = False
 ):  # -> Backend
     """``loaded`` is the route's model: run by the embedded engine, only its tokenizer used otherwise."""
     if target.kind is TargetKind.EMBEDDED:
@@ -58,9 +52,14 @@ def build_backend(
         from draftgate.server.targets.grpc_engine import RemoteTargetEngine
 
         return RemoteTargetEngine(
-            list(target.addresses), loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
+            list(target.addresses),
+            loaded.tokenizer,
+            d,
+            k=cfg.k,
+            k_max=cfg.k_max,
+            max_queue=cfg.max_queue,
             draft_timeout_s=drafter.timeout_s if drafter.remote else None,
-        )  # fmt: skip
+        )
     if target.kind is TargetKind.OPENAI:
         from draftgate.server.targets.openai_engine import OpenAITargetEngine
 
@@ -84,12 +83,20 @@ def build_backend(
         client = httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0))
         facts = connect(url, client, loaded.tokenizer)
         if facts.token_route and not facts.proposer:  # the gateway drafts and verifies, vLLM scores
-            return VllmTargetEngine(url, facts, client, loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max,
-                                    max_queue=cfg.max_queue)  # fmt: skip
+            return VllmTargetEngine(
+                url, facts, client, loaded.tokenizer, d, k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue
+            )
         return VllmPluginBackend(
-            url, loaded.tokenizer, d, _proposer_drafter(drafter), k=cfg.k, k_max=cfg.k_max, max_queue=cfg.max_queue,
-            client=client, facts=facts,
-        )  # fmt: skip
+            url,
+            loaded.tokenizer,
+            d,
+            _proposer_drafter(drafter),
+            k=cfg.k,
+            k_max=cfg.k_max,
+            max_queue=cfg.max_queue,
+            client=client,
+            facts=facts,
+        )
     raise ValueError(f"unknown target kind {target.kind!r}")
 
 

@@ -38,8 +38,9 @@ class RemoteTargetEngine(Engine):
     ) -> None:
         if k is not None and not 0 <= k <= k_max:
             raise ValueError(f"k must be in [0, k_max={k_max}] or None (adaptive), got {k}")
-        target = GrpcTarget(targets, tokenizer, rpc_timeout_s=rpc_timeout_s, retry_s=retry_s,
-                            health_interval_s=health_interval_s)  # fmt: skip
+        target = GrpcTarget(
+            targets, tokenizer, rpc_timeout_s=rpc_timeout_s, retry_s=retry_s, health_interval_s=health_interval_s
+        )
         if drafter is not None and draft_timeout_s is not None:
             drafter = TimeLimitedDrafter(drafter, draft_timeout_s)
         super().__init__(target, drafter, k=k, k_max=k_max, max_batch=max_batch, max_queue=max_queue)

@@ -145,8 +145,9 @@ class GrpcTarget:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 ready = threading.Event()
-                self._thread = threading.Thread(target=self._run_loop, args=(self._loop, ready),
-                                                name="draftgate-grpc", daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._run_loop, args=(self._loop, ready), name="draftgate-grpc", daemon=True
+                )
                 self._thread.start()
                 ready.wait()
             return self._loop
@@ -169,8 +170,9 @@ class GrpcTarget:
 
     async def _open(self, rnd: Round) -> None:
         """A session on the least-loaded worker; a worker that fails here is skipped."""
-        msg = pb.SessionRequest(open=pb.Open(prompt=list(rnd.history), params=params_to_pb(rnd.params),
-                                             max_draft_tokens=rnd.k_max))  # fmt: skip
+        msg = pb.SessionRequest(
+            open=pb.Open(prompt=list(rnd.history), params=params_to_pb(rnd.params), max_draft_tokens=rnd.k_max)
+        )
         tried: list[WorkerHandle] = []
         while True:
             try:
@@ -213,8 +215,9 @@ class GrpcTarget:
             resp = await self._exchange(sess.call, msg)
             a = resp.num_accepted
             if a > k or len(resp.tokens) > a + 1 or (not resp.tokens and not resp.finish_reason):
-                raise RemoteError(grpc.StatusCode.INTERNAL,
-                                  f"malformed round answer ({len(resp.tokens)} tokens, {a} accepted of {k})")  # fmt: skip
+                raise RemoteError(
+                    grpc.StatusCode.INTERNAL, f"malformed round answer ({len(resp.tokens)} tokens, {a} accepted of {k})"
+                )
         except RemoteError as e:
             if e.worker_fault:
                 self.pool.mark_down(sess.worker, str(e))
@@ -241,7 +244,9 @@ class GrpcTarget:
             raise RemoteError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.rpc_timeout_s:g} s") from None
         if resp is grpc.aio.EOF:
             code = await call.code()
-            raise RemoteError(grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.OK else code, "the session ended early")
+            raise RemoteError(
+                grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.OK else code, "the session ended early"
+            )
         return resp
 
     async def _close(self, seq_id: int) -> None:

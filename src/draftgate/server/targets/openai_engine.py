@@ -36,8 +36,14 @@ class OpenAITargetEngine(Engine):
         client: httpx.Client | None = None,
     ) -> None:
         self.server = OpenAIScorer(url, tokenizer, allow_approximate, timeout_s, model_name, client)
-        super().__init__(ScoredTarget(self.server, max_concurrent), drafter, k=k, k_max=k_max,
-                         max_batch=max_concurrent, max_queue=max_queue)  # fmt: skip
+        super().__init__(
+            ScoredTarget(self.server, max_concurrent),
+            drafter,
+            k=k,
+            k_max=k_max,
+            max_batch=max_concurrent,
+            max_queue=max_queue,
+        )
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise BadRequestError if the route would refuse these params (sampling without approximation)."""

@@ -170,7 +170,9 @@ class OpenAIScorer:
             )
         check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, None)
 
-    def score(self, history: Sequence[int], drafts: Sequence[int], params: SamplingParams) -> tuple[list[int], torch.Tensor]:
+    def score(
+        self, history: Sequence[int], drafts: Sequence[int], params: SamplingParams
+    ) -> tuple[list[int], torch.Tensor]:
         """One server request: the server's top-n at each draft position and after, as logits (-inf elsewhere)."""
         history = list(history)
         top_n = APPROX_TOP_N if params.temperature > 0 else 1
@@ -269,7 +271,9 @@ class OpenAIScorer:
         for j in range(max(0, start - 1), n_after):  # the echoed tokens we rely on are ours
             en = entry_of.get(j)
             if en is not None and toks[en] != pieces.pieces[ids[j + off]]:
-                raise VerifyError(f"the server echoed {toks[en]!r} at {j + off}, the gateway holds {pieces.pieces[ids[j + off]]!r}")
+                raise VerifyError(
+                    f"the server echoed {toks[en]!r} at {j + off}, the gateway holds {pieces.pieces[ids[j + off]]!r}"
+                )
         out: list[dict[int, float]] = []
         # The completion (max_tokens 1) stopped: the server's choice after all of ids was an end of
         # generation, whatever string its distribution shows for it.

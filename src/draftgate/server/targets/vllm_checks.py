@@ -18,14 +18,7 @@ import httpx
 
 from draftgate.errors import DraftGateError
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_wire import (
-    GENERATE,
-    GarbageRow,
-    RowError,
-    VllmWire,
-    WireError,
-    read_row,
-)
+from draftgate.server.targets.vllm_wire import GENERATE, GarbageRow, RowError, VllmWire, WireError, read_row
 
 __all__ = ["ServerFacts", "VllmTargetError", "connect", "check_rows", "SPEC_METRIC", "PROBE"]
 
@@ -114,5 +107,8 @@ def check_rows(wire: VllmWire, tokenizer: TextTokenizer) -> None:
             "install DraftGate in vLLM's environment (pip install 'draftgate[vllm]': its plugin zero-fills them) "
             "or start vLLM with --enable-prompt-tokens-details"
         )
-    log.warning("vLLM at %s recomputes every prompt (prefix caching off?): each round re-prefills its history; "
-                "start it with --enable-prefix-caching", wire.url)  # fmt: skip
+    log.warning(
+        "vLLM at %s recomputes every prompt (prefix caching off?): each round re-prefills its history; "
+        "start it with --enable-prefix-caching",
+        wire.url,
+    )

@@ -50,7 +50,12 @@ class VllmTargetEngine(Engine):
         check_rows(self.wire, tokenizer)
         self.rounds_target = VllmRoundTarget(self.wire, tokenizer, facts.max_context, max_concurrent)
         super().__init__(
-            self.rounds_target, drafter, k=k, k_max=max(k_max, LOOKUP_K_MAX), max_batch=max_concurrent, max_queue=max_queue
+            self.rounds_target,
+            drafter,
+            k=k,
+            k_max=max(k_max, LOOKUP_K_MAX),
+            max_batch=max_concurrent,
+            max_queue=max_queue,
         )
 
     def submit(  # type: ignore[override]

@@ -45,12 +45,7 @@ __all__ = ["VllmPluginBackend", "VllmTargetError", "PROPOSER_DRAFTERS"]
 
 log = logging.getLogger("draftgate.vllm_target")
 
-PROPOSER_DRAFTERS = (
-    "auto",
-    "suffix",
-    "ngram",
-    "remote",
-)  # what DraftGate's proposer in vLLM drafts with
+PROPOSER_DRAFTERS = ("auto", "suffix", "ngram", "remote")  # what DraftGate's proposer in vLLM drafts with
 
 
 class VllmPluginBackend(Backend):
@@ -95,11 +90,11 @@ class VllmPluginBackend(Backend):
         if not facts.proposer and self._drafter is not None:
             log.warning(
                 "vLLM at %s runs without speculative decoding: requests are served, nothing is drafted. Start it with "
-                "--speculative-config '{\"method\": \"custom_class\", \"model\": \"draftgate.integrations.vllm.Proposer\", "
+                '--speculative-config \'{"method": "custom_class", "model": "draftgate.integrations.vllm.Proposer", '
                 "\"num_speculative_tokens\": 8}' (pip install 'draftgate[vllm]' in vLLM's environment), or with "
                 "--enable-scale-out for the gateway's own rounds",
                 self.url,
-            )  # fmt: skip
+            )
         return facts.model, facts.max_context, facts.proposer
 
     # ---------------------------------------------------------------- the back end
@@ -129,20 +124,14 @@ class VllmPluginBackend(Backend):
         check_prompt(prompt_ids, params.max_new_tokens, self.tokenizer.vocab_size, self.max_context)
         with self._lock:
             if self._running >= self.max_queue:
-                raise CapacityError(
-                    f"{self._running} requests in flight (max {self.max_queue}); retry shortly"
-                )
+                raise CapacityError(f"{self._running} requests in flight (max {self.max_queue}); retry shortly")
             self._running += 1
         stop = threading.Event()
         body = self._body(prompt_ids, params, speculate)
-        threading.Thread(
-            target=self._run, args=(body, params, sink, stop), daemon=True, name="vllm-request"
-        ).start()
+        threading.Thread(target=self._run, args=(body, params, sink, stop), daemon=True, name="vllm-request").start()
         return stop.set
 
-    def _body(
-        self, prompt_ids: list[int], params: SamplingParams, speculate: bool
-    ) -> dict[str, Any]:
+    def _body(self, prompt_ids: list[int], params: SamplingParams, speculate: bool) -> dict[str, Any]:
         on = speculate and self.speculation_enabled
         xargs: dict[str, Any] = {"draftgate_speculate": int(on)}
         if on and self.proposer_drafter is not None:
@@ -150,10 +139,17 @@ class VllmPluginBackend(Backend):
         if on and self.k is not None:
             xargs["draftgate_k"] = self.k
         body: dict[str, Any] = {
-            "model": self.model_name, "prompt": prompt_ids, "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "ignore_eos": params.ignore_eos,
-            "stream": True, "return_token_ids": True, "skip_special_tokens": False, "vllm_xargs": xargs,
-        }  # fmt: skip
+            "model": self.model_name,
+            "prompt": prompt_ids,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "ignore_eos": params.ignore_eos,
+            "stream": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "vllm_xargs": xargs,
+        }
         if params.top_k:
             body["top_k"] = params.top_k
         if params.seed is not None:
@@ -167,15 +163,21 @@ class VllmPluginBackend(Backend):
         on = body["vllm_xargs"]["draftgate_speculate"] and self.proposer_drafter is not None
         return SpecStats(drafter=self.proposer_drafter if on else "none")  # type: ignore[arg-type]
 
-    def _run(
-        self, body: dict[str, Any], params: SamplingParams, sink: Sink, stop: threading.Event
-    ) -> None:
+    def _run(self, body: dict[str, Any], params: SamplingParams, sink: Sink, stop: threading.Event) -> None:
         text = IncrementalText(StopChecker(self.tokenizer, params))
         out: list[int] = []
 
         def emit(ids: list[int], reason: str | None) -> None:
-            sink(Chunk(ids, text.delta(self.tokenizer.decode, ids, reason is not None), reason, None,
-                       self._stats(body) if reason else None, len(body["prompt"])))  # fmt: skip
+            sink(
+                Chunk(
+                    ids,
+                    text.delta(self.tokenizer.decode, ids, reason is not None),
+                    reason,
+                    None,
+                    self._stats(body) if reason else None,
+                    len(body["prompt"]),
+                )
+            )
 
         try:
             with self._client.stream("POST", self.url + "/v1/completions", json=body) as r:
@@ -189,9 +191,7 @@ class VllmPluginBackend(Backend):
                         continue
                     obj = json.loads(line[len("data: ") :])
                     if "error" in obj:
-                        raise VllmTargetError(
-                            f"vLLM failed the request: {error_message(json.dumps(obj))}"
-                        )
+                        raise VllmTargetError(f"vLLM failed the request: {error_message(json.dumps(obj))}")
                     choice = obj["choices"][0]
                     ids = [int(t) for t in choice.get("token_ids") or []]
                     keep, reason = text.checker.cut(out, ids)
@@ -204,11 +204,7 @@ class VllmPluginBackend(Backend):
             raise VllmTargetError("vLLM ended the stream without a finish reason")
         except (httpx.HTTPError, VllmTargetError, ValueError, KeyError) as e:
             if not stop.is_set():
-                msg = (
-                    str(e)
-                    if isinstance(e, VllmTargetError)
-                    else f"vLLM at {self.url} failed mid-request: {e!r}"
-                )
+                msg = str(e) if isinstance(e, VllmTargetError) else f"vLLM at {self.url} failed mid-request: {e!r}"
                 log.warning("%s", msg)
                 sink(Chunk([], "", "error", msg, None, len(body["prompt"])))
         finally:

@@ -109,8 +109,6 @@ class RoundPricer:
             "step_ms": round(step * 1e3, 2) if step else None,
             "reopen_ms": round(self.reopen_cost() * 1e3, 2),
             "round_tokens_per_step": {
-                b: round(r * step, 3)
-                for b in range(MAX_BUCKET + 1)
-                if step and (r := self.round_rate(b)) is not None
+                b: round(r * step, 3) for b in range(MAX_BUCKET + 1) if step and (r := self.round_rate(b)) is not None
             },
         }

@@ -242,9 +242,16 @@ class VllmRoundTarget:
         self._keep(s, w, drafts, ahead, t0, fallback=False, verified=emitted)
 
     def _keep(
-        self, s: _Seq, w: Round, drafts: list[int], ahead: list[int], t0: float, fallback: bool,
-        verified: list[int] | None = None, priced: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        s: _Seq,
+        w: Round,
+        drafts: list[int],
+        ahead: list[int],
+        t0: float,
+        fallback: bool,
+        verified: list[int] | None = None,
+        priced: bool = True,
+    ) -> None:
         """Emit the verified tokens or the stream's, whichever go further (the stream's where they differ)."""
         out, reopen = ahead, False
         if verified is not None:
@@ -268,8 +275,16 @@ class VllmRoundTarget:
         s.quiet_since = time.perf_counter()
         if priced:
             self.pricer.observe_round(w.draft.context, len(out), s.quiet_since - t0, reopen)
-        log.debug("round ctx=%d k=%d verified=%s ahead=%d out=%d %.1f ms reopen=%s", w.draft.context, len(drafts),
-                  None if verified is None else len(verified), len(ahead), len(out), (s.quiet_since - t0) * 1e3, reopen)
+        log.debug(
+            "round ctx=%d k=%d verified=%s ahead=%d out=%d %.1f ms reopen=%s",
+            w.draft.context,
+            len(drafts),
+            None if verified is None else len(verified),
+            len(ahead),
+            len(out),
+            (s.quiet_since - t0) * 1e3,
+            reopen,
+        )
         accepted = 0
         while accepted < min(len(drafts), len(out)) and drafts[accepted] == out[accepted]:
             accepted += 1

@@ -33,7 +33,15 @@ from draftgate.errors import DraftGateError
 from draftgate.types import SamplingParams
 
 __all__ = [
-    "GENERATE", "VllmWire", "VllmStream", "Scored", "RowError", "GarbageRow", "WireError", "error_message", "read_row",
+    "GENERATE",
+    "VllmWire",
+    "VllmStream",
+    "Scored",
+    "RowError",
+    "GarbageRow",
+    "WireError",
+    "error_message",
+    "read_row",
     "top1",
 ]
 
@@ -108,7 +116,9 @@ def _parse_rows(raw: object, first: int) -> list[dict[int, tuple[float, int]] | 
         if r is None:
             rows.append(None)
             continue
-        rows.append({int(t): (float(v["logprob"]), int(v["rank"]) if v.get("rank") is not None else 0) for t, v in r.items()})
+        rows.append(
+            {int(t): (float(v["logprob"]), int(v["rank"]) if v.get("rank") is not None else 0) for t, v in r.items()}
+        )
     return rows
 
 
@@ -125,9 +135,13 @@ def error_message(text: str) -> str:
 def sampling_body(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
     """vLLM's own sampling parameters for plain decoding of a request (the engine owns stop rules)."""
     sp: dict[str, Any] = {
-        "max_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p,
-        "ignore_eos": True, "detokenize": False, "skip_reading_prefix_cache": False,
-    }  # fmt: skip
+        "max_tokens": max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "ignore_eos": True,
+        "detokenize": False,
+        "skip_reading_prefix_cache": False,
+    }
     if params.top_k:
         sp["top_k"] = params.top_k
     if params.seed is not None and not params.greedy:
@@ -232,12 +246,17 @@ class VllmWire:
         Only rows from ``from_row`` on are parsed: vLLM answers one per prompt token, the round
         reads those of its drafts."""
         body: dict[str, Any] = {
-            "model": self.model, "token_ids": list(token_ids),
+            "model": self.model,
+            "token_ids": list(token_ids),
             "sampling_params": {
-                "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1, "detokenize": False,
-                "skip_reading_prefix_cache": False, "ignore_eos": True,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 1,
+                "detokenize": False,
+                "skip_reading_prefix_cache": False,
+                "ignore_eos": True,
             },
-        }  # fmt: skip
+        }
         if salt is not None:
             body["cache_salt"] = salt
         r = self.client.post(self.url, json=body, timeout=self.timeout_s)
@@ -248,16 +267,20 @@ class VllmWire:
             (tok,) = obj["choices"][0]["token_ids"]
             details = (obj.get("usage") or {}).get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens")
-            return Scored(_parse_rows(obj.get("prompt_logprobs"), from_row), int(tok), int(cached) if cached is not None else None)
+            return Scored(
+                _parse_rows(obj.get("prompt_logprobs"), from_row), int(tok), int(cached) if cached is not None else None
+            )
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise WireError(f"vLLM's answer is malformed: {type(e).__name__}: {e}") from None
 
     def stream(self, token_ids: Sequence[int], params: SamplingParams, max_tokens: int, salt: str | None) -> VllmStream:
         """Plain decoding from token_ids (vLLM's own greedy or seeded sampling), streamed."""
         body: dict[str, Any] = {
-            "model": self.model, "token_ids": list(token_ids), "stream": True,
+            "model": self.model,
+            "token_ids": list(token_ids),
+            "stream": True,
             "sampling_params": sampling_body(params, max_tokens),
-        }  # fmt: skip
+        }
         if salt is not None:
             body["cache_salt"] = salt
         return VllmStream(self.client, self.url, body, len(token_ids))
