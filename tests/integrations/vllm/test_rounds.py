@@ -69,7 +69,7 @@ def test_adaptive_k_speculates_on_repetitive_text() -> None:
     core = _core()
     drafted = _decode(core, {"a": None})
     assert sum(len(d) for d in drafted["a"]) > 0
-    assert core.cost.measured(1)  # steady decode steps were priced
+    assert any(core.cost.measured(n) for n in range(1, 6))  # steady decode steps were priced (1 + k rows)
 
 
 def test_switches_turn_drafting_off() -> None:
