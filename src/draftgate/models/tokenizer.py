@@ -1,27 +1,80 @@
-"""Tokenizer and chat template, built from the model's own files (GGUF metadata or tokenizer.json)."""
+"""Tokenizer and chat template, built from the model's own files (GGUF metadata or tokenizer.json).
+
+GGUF files: :meth:`TextTokenizer.from_gguf_fields` (the tokenizer is rebuilt by
+:mod:`draftgate.models.gguf_tokenizer`, which says how and against what it is checked). Chat templates
+render in a sandboxed jinja2 environment set up as transformers' ``apply_chat_template`` sets up its own
+(``trim_blocks``, ``lstrip_blocks``, loop controls, the ``{% generation %}`` tag, ``tojson`` without HTML
+escaping, ``raise_exception``, ``strftime_now``), with the special tokens' texts as variables.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
-__all__ = ["TextTokenizer", "Message"]
+from draftgate.models.gguf_tokenizer import build_gguf_tokenizer
 
-Message = dict[str, str]
+__all__ = ["TextTokenizer", "Message", "render_chat_template"]
 
-# GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
-_SPECIAL_TYPES = (3, 4)
-# Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre` (the ones llama.cpp names).
-_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+Message = dict[str, Any]
+
+
+class _GenerationTag(Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers marks assistant text with it): renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return str(caller())
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=32)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def render_chat_template(
+    template: str, messages: Sequence[Message], add_generation_prompt: bool = True, **variables: Any
+) -> str:
+    """A chat template rendered as transformers renders it: ``messages``, ``add_generation_prompt`` and
+    ``variables`` (``bos_token``, ``eos_token``, ``tools``...; ``tools`` and ``documents`` are None unless given)."""
+    variables.setdefault("tools", None)
+    variables.setdefault("documents", None)
+    return _compile(template).render(
+        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, **variables
+    )
 
 
 class TextTokenizer:
@@ -35,28 +88,38 @@ class TextTokenizer:
         eos_token: str | None,
         eos_ids: Sequence[int],
         add_bos: bool = False,
+        add_eos: bool = False,
+        eog_ids: Sequence[int] = (),
+        special_tokens: dict[str, str | None] | None = None,
     ) -> None:
         self._tok = tok
         self.chat_template = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_ids))
+        # Every id llama.cpp ends generation at (GGUF files); the eos ids elsewhere.
+        self.eog_ids: tuple[int, ...] = tuple(sorted({*eog_ids, *self.eos_ids}))
         self.add_bos = add_bos
+        self.add_eos = add_eos
         self.bos_id = tok.token_to_id(bos_token) if bos_token else None
-        self._template = (
-            ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(chat_template)
-            if chat_template
-            else None
-        )
+        self.eos_id = tok.token_to_id(eos_token) if eos_token else None
+        # The template variables naming special tokens (unk_token, pad_token...), besides bos and eos.
+        self._template_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
+        if chat_template:
+            _compile(chat_template)  # a template that does not parse fails here, not at the first chat
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Ids of ``text``; special tokens written in it are their single ids. ``add_special``: the BOS
+        and EOS the model asks for (a text that already starts with the BOS gets no second one)."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids = [self.bos_id, *ids]
+        if add_special and self.add_eos and self.eos_id is not None:
+            ids = [*ids, self.eos_id]
         return ids
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -72,17 +135,16 @@ class TextTokenizer:
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> str:
-        """The prompt text for a chat, ending with the assistant turn's opening."""
-        if self._template is None:
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        """The prompt text for a chat, ending with the assistant turn's opening (``add_generation_prompt``)."""
+        if not self.chat_template:
             # No template in the model files: a plain transcript keeps instruct-less models usable.
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return self._template.render(
-            messages=list(messages),
-            add_generation_prompt=True,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + "assistant:" if add_generation_prompt else text
+        tokens = {**self._template_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, **{**tokens, **variables})
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
         return self.encode(self.apply_chat_template(messages), add_special=not self._template_has_bos())
@@ -96,9 +158,11 @@ class TextTokenizer:
         self._tok.save(str(folder / "tokenizer.json"))
         tcfg = {
             "chat_template": self.chat_template,
+            **self._template_tokens,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
             "eos_token_ids": list(self.eos_ids),
         }
         (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
@@ -107,40 +171,27 @@ class TextTokenizer:
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any], eos_ids_extra: Sequence[int] = ()) -> TextTokenizer:
-        kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(
-                f"unsupported GGUF tokenizer {kind!r}: only byte-level BPE ('gpt2') vocabularies are supported"
-            )
-        tokens: list[str] = fields["tokenizer.ggml.tokens"]
-        types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        pre = fields.get("tokenizer.ggml.pre", "gpt2")
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        if pre in ("llama-bpe", "llama3", "smaug-bpe"):
-            splits = [pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated")]
-        else:
-            splits = [pre_tokenizers.Split(Regex(_GPT2_PATTERN), behavior="isolated")]
-            if pre in ("smollm", "starcoder", "refact", "qwen2"):
-                splits.insert(0, pre_tokenizers.Digits(individual_digits=True))
-        tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
-        tok.decoder = decoders.ByteLevel()
-        specials = [t for t, ty in zip(tokens, types, strict=True) if ty in _SPECIAL_TYPES]
-        from tokenizers import AddedToken
+        """The tokenizer of a GGUF file from its metadata fields (the ``tokenizer.*`` keys are enough).
 
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-        bos_id = fields.get("tokenizer.ggml.bos_token_id")
-        eos_id = fields.get("tokenizer.ggml.eos_token_id")
-        eos_ids = [i for i in (eos_id, fields.get("tokenizer.ggml.eot_token_id"), *eos_ids_extra) if i is not None]
+        ValueError naming the supported ones for a tokenizer model or pre-tokenizer this cannot rebuild."""
+        g = build_gguf_tokenizer(fields)
+        eos_ids = [i for i in (g.eos_id, g.eot_id, *eos_ids_extra) if i is not None]
+        unk = fields.get("tokenizer.ggml.unknown_token_id")
+        pad = fields.get("tokenizer.ggml.padding_token_id")
+        ok = range(len(g.tokens))
         return cls(
-            tok,
-            chat_template=fields.get("tokenizer.chat_template"),
-            bos_token=tokens[bos_id] if bos_id is not None else None,
-            eos_token=tokens[eos_id] if eos_id is not None else None,
+            g.tokenizer,
+            chat_template=g.chat_template,
+            bos_token=g.token(g.bos_id),
+            eos_token=g.token(g.eos_id),
             eos_ids=eos_ids,
-            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+            add_bos=g.add_bos,
+            add_eos=g.add_eos,
+            eog_ids=g.eog_ids,
+            special_tokens={
+                "unk_token": g.tokens[unk] if unk in ok else None,
+                "pad_token": g.tokens[pad] if pad in ok else None,
+            },
         )
 
     @classmethod
@@ -163,4 +214,14 @@ class TextTokenizer:
         ids = [*eos_ids, *tcfg.get("eos_token_ids", [])]
         if eos and tok.token_to_id(eos) is not None:
             ids.append(tok.token_to_id(eos))
-        return cls(tok, template, bos, eos, ids, add_bos=bool(tcfg.get("add_bos_token", False)))
+        specials = {k: _tok_str(tcfg.get(k)) for k in ("unk_token", "pad_token")}
+        return cls(
+            tok,
+            template,
+            bos,
+            eos,
+            ids,
+            add_bos=bool(tcfg.get("add_bos_token", False)),
+            add_eos=bool(tcfg.get("add_eos_token", False)),
+            special_tokens=specials,
+        )
