@@ -153,3 +153,24 @@ def test_plan_memory_help(capsys: Capture) -> None:
         main(["plan-memory", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "KV per token" in out and "llama-3.2-1b" in out and "10% of --gpu-memory" in out
+
+
+# ------------------------------------------------------------- plan-memory, this machine
+
+
+@pytest.mark.real_model
+def test_plan_memory_on_this_machine_counts_the_gguf_as_packed(capsys: Capture) -> None:
+    """A known GGUF name counts the file's own format (not float32 of its shape); a named shape alone float32."""
+    rc, out, _ = _run(capsys, "plan-memory", "--target", "smollm2-135m", "--kv-blocks", "64", "--json")
+    plan = json.loads(out)
+    gguf = plan["models"]["target smollm2-135m"]
+    assert rc == 0 and plan["fits"] and gguf["weights_gib"] < 0.2  # 135M weights at about 0.75 bytes
+    assert gguf["kv_gib"] == pytest.approx(64 * 16 * 2 * 30 * 3 * 64 * 4 / 2**30)
+    rc, out, _ = _run(capsys, "plan-memory", "--target", "smollm2-360m", "--kv-blocks", "64", "--json")
+    assert json.loads(out)["models"]["target smollm2-360m"]["weights_gib"] > 2.5  # 2 x 362M x 4 bytes
+
+
+def test_plan_memory_on_this_machine_refuses_what_does_not_fit(capsys: Capture) -> None:
+    rc, out, err = _run(capsys, "plan-memory", "--target", "llama-3.1-8b", "--memory", "24")
+    assert rc == 2 and "does NOT fit" in out
+    assert "these models need 64.33 GiB" in _one_error_line(err)

@@ -11,7 +11,8 @@ import pytest
 from draftgate.errors import ModelLoadError
 from draftgate.modelinfo.shapes import NAMED_SHAPES, resolve_shape
 from draftgate.models.config import ModelConfig
-from draftgate.models.loader import KNOWN_MODELS, LoadedModel
+from draftgate.models.known import KNOWN_MODELS
+from draftgate.models.loader import LoadedModel
 
 # Parameter counts published with the weights (safetensors totals / 2 bytes for the bf16 ones).
 PUBLISHED_PARAMS = {
@@ -23,6 +24,14 @@ PUBLISHED_PARAMS = {
     "smollm2-135m": 134_515_008,
     "smollm2-360m": 361_821_120,
     "smollm2-1.7b": 1_711_376_384,
+    "mistral-7b": 7_248_023_552,
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-7b": 7_615_616_512,  # q/k/v biases counted
+    "qwen3-0.6b": 596_049_920,  # q/k norms counted
+    "qwen3-8b": 8_190_735_360,
+    "gemma-3-270m": 268_098_176,  # four norms a layer
+    "gemma-3-1b": 999_885_952,
 }
 
 
@@ -115,7 +124,10 @@ def test_gguf_metadata(tmp_path: Path, with_output: bool) -> None:
         (lambda p: str(p / "nope"), "one of: llama-3-8b, llama-3-70b"),
         (lambda p: str(p), "folder has no config.json"),
         (lambda p: (p / "c.json").write_text("[1]") and str(p / "c.json"), "not a usable HF config.json"),
-        (lambda p: (p / "c.json").write_text(json.dumps({"model_type": "gpt2"})) and str(p / "c.json"), "Llama"),
+        (
+            lambda p: (p / "c.json").write_text(json.dumps({"model_type": "gpt2"})) and str(p / "c.json"),
+            "'gpt2'.*supported: llama, mistral, qwen2",
+        ),
         (lambda p: (p / "x.gguf").write_bytes(b"junk" * 10) and str(p / "x.gguf"), "not a valid GGUF"),
     ],
 )

@@ -40,7 +40,11 @@ def _k_arg(v: str) -> int | None:
 
 def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -> None:
     g = p.add_argument_group("model and speculation")
-    g.add_argument("--model", default="smollm2-135m", help="smollm2-135m (bundled), a .gguf file or an HF folder")
+    g.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m (bundled), gemma3-270m (installed on first use), a .gguf file or an HF folder",
+    )
     g.add_argument(
         "--drafter",
         default=default_drafter,
@@ -93,6 +97,13 @@ def add_engine_args(p: argparse.ArgumentParser, default_drafter: str = "auto") -
     )
     g.add_argument("--kv-blocks", type=int, default=1024, help="KV cache blocks of 16 tokens (default: %(default)s)")
     g.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="GiB",
+        help="refuse to load models whose weights, KV cache and process need more (default: the memory available)",
+    )
+    g.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
@@ -127,6 +138,7 @@ def engine_config(a: argparse.Namespace) -> EngineConfig:
         cache_dir=a.cache_dir or default_cache_dir(),
         kernels=Kernels(a.kernels),
         kernel_level=None if getattr(a, "kernel_level", "auto") == "auto" else a.kernel_level,
+        memory_limit_gib=getattr(a, "memory_limit", None),
     ).validate()
 
 

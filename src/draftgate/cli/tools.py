@@ -30,7 +30,13 @@ target's (warnings). Exit status: 0 compatible (warnings allowed), 2 not compati
 The same check refuses a mismatched --draft-model in `generate`, `serve` and routes."""
 
 _PLAN_HELP = f"""\
-Plan GPU memory for a target + draft pair (the seeds' envelope):
+Without --gpu-memory: this machine's memory for DraftGate's own engine. A GGUF target (or a known
+name) counts its weights as the native kernels pack them from the file; others at float32 (twice:
+the tensors and the packed copy). Each model has a float32 KV cache of --kv-blocks x 16 tokens, plus
+0.5 GiB for the process, against --memory (default: the memory available now). The engine runs the
+same check before it loads anything.
+
+With --gpu-memory: plan GPU memory for a target + draft pair (the seeds' envelope):
   budget = target weights + draft weights + KV cache of both + system reserve.
 KV per token per model = 2 * layers * kv_heads * head_dim * bytes. The reserve
 (activations, CUDA context) defaults to {DEFAULT_RESERVE_FRACTION:.0%} of --gpu-memory. Warns when the
@@ -39,7 +45,9 @@ Exit status: 0 fits, 2 bad input or does not fit (weights, one sequence, or --ma
 
 _PLAN_EPILOG = """\
 {config}
-example: draftgate plan-memory --target llama-3-70b --draft llama-3.2-1b --gpu-memory 192 --max-seqs 16"""
+examples:
+  draftgate plan-memory --target gemma3-270m
+  draftgate plan-memory --target llama-3-70b --draft llama-3.2-1b --gpu-memory 192 --max-seqs 16"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "check-pair", help="check that a draft model fits a target", description=_PAIR_HELP, formatter_class=raw
     )
-    p.add_argument("target", help="target model: smollm2-135m (bundled), a .gguf file or an HF folder")
+    p.add_argument("target", help="target model: smollm2-135m (bundled), gemma3-270m, a .gguf file or an HF folder")
     p.add_argument("draft", help="draft model: same forms as TARGET")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument(
@@ -75,7 +83,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--draft", metavar="CONFIG", default=None, help="the draft's shape (omit for n-gram/suffix drafting)"
     )
-    p.add_argument("--gpu-memory", type=float, required=True, metavar="GiB", help="GPU memory budget in GiB")
+    p.add_argument("--gpu-memory", type=float, default=None, metavar="GiB", help="plan a GPU of this many GiB")
+    p.add_argument(
+        "--memory", type=float, default=None, metavar="GiB", help="this machine (default: the memory available)"
+    )
+    p.add_argument(
+        "--kv-blocks", type=int, default=1024, metavar="N", help="this machine: KV blocks of 16 tokens (default: 1024)"
+    )
     p.add_argument("--dtype", default="bf16", choices=get_args(WeightDtype), help="weight dtype (default: %(default)s)")
     p.add_argument(
         "--kv-dtype",
@@ -128,6 +142,8 @@ def run_plan_memory(a: argparse.Namespace) -> int:
     from draftgate.modelinfo.memory_plan import plan_memory
     from draftgate.modelinfo.shapes import resolve_shape
 
+    if a.gpu_memory is None:
+        return _host_plan(a)
     target = resolve_shape(a.target)
     draft = resolve_shape(a.draft) if a.draft else None
     plan = plan_memory(
@@ -198,3 +214,43 @@ def _shortfall(plan: MemoryPlan) -> str:
         f"after weights and reserve (fits {plan.seqs_fit}); lower --max-seqs or --context, "
         "use a smaller --dtype/--kv-dtype, or more memory"
     )
+
+
+def _host_plan(a: argparse.Namespace) -> int:
+    """This machine: the engine's own check (modelinfo.host_memory), printed."""
+    from draftgate.modelinfo.host_memory import PROCESS_BYTES, available_bytes, host_need
+    from draftgate.modelinfo.shapes import NAMED_SHAPES, resolve_shape
+    from draftgate.models.known import KNOWN_MODELS
+    from draftgate.models.loader import resolve_model_path
+
+    if a.kv_blocks < 1:
+        raise BadRequestError(f"--kv-blocks must be >= 1, got {a.kv_blocks}")
+    needs = []
+    for role, name in [("target", a.target)] + ([("draft", a.draft)] if a.draft else []):
+        shape_only = name not in KNOWN_MODELS and name.strip().lower() in NAMED_SHAPES  # no file: float weights
+        path = Path(name) if shape_only else resolve_model_path(name)
+        cfg = resolve_shape(name if shape_only else str(path))
+        needs.append(host_need(f"{role} {name}", path, cfg, "auto", a.kv_blocks * 16))
+    limit = int(a.memory * GIB) if a.memory is not None else available_bytes()
+    total = sum(n.total for n in needs) + PROCESS_BYTES
+    fits = limit is None or total <= limit
+    if a.json:
+        rows = {n.name: {"weights_gib": n.weights / GIB, "kv_gib": n.kv / GIB} for n in needs}
+        out = {"models": rows, "process_gib": PROCESS_BYTES / GIB, "total_gib": total / GIB}
+        print(json.dumps({**out, "limit_gib": None if limit is None else limit / GIB, "fits": fits}))
+    else:
+        print(f"memory plan on this machine ({a.kv_blocks} KV blocks of 16 tokens per model, float32 KV)")
+        for n in needs:
+            print(f"  {n.name:<40} weights {n.weights / GIB:7.2f} GiB   KV {n.kv / GIB:7.2f} GiB")
+        print(f"  {'process (Python, PyTorch, buffers)':<40} {PROCESS_BYTES / GIB:15.2f} GiB")
+        where = "--memory" if a.memory is not None else "available now"
+        have = "unknown" if limit is None else f"{limit / GIB:.2f} GiB {where}"
+        print(f"  total {total / GIB:.2f} GiB of {have}: " + ("fits" if fits else "does NOT fit"))
+    if not fits:
+        print(
+            f"draftgate: error: these models need {total / GIB:.2f} GiB; use a smaller or more quantized model "
+            "or fewer --kv-blocks",
+            file=sys.stderr,
+        )
+        return 2
+    return 0

@@ -60,7 +60,7 @@ def _model_args(p: argparse.ArgumentParser, model_default: str | None, kv_blocks
     g.add_argument(
         "--model",
         default=model_default,
-        help="smollm2-135m (bundled), a .gguf file or an HF folder"
+        help="smollm2-135m (bundled), gemma3-270m (installed on first use), a .gguf file or an HF folder"
         + (" (default: %(default)s)" if model_default else ""),
     )
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")

@@ -54,6 +54,9 @@ class EngineConfig:
     # The native kernels' instruction-set level (models.native.LEVELS); None: the best this CPU runs. A lower
     # level shows what a CPU without the higher one's instructions gets (an AVX2-only EPYC, say).
     kernel_level: str | None = None
+    # Refuse to load a target (and draft model) whose weights, KV cache and process exceed this many GiB
+    # (modelinfo.host_memory); None: the memory available when loading starts.
+    memory_limit_gib: float | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -83,4 +86,6 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.num_blocks < 1 or self.block_size < 1 or self.max_batch < 1 or self.max_queue < 1:
             raise ValueError("num_blocks, block_size, max_batch and max_queue must be positive")
+        if self.memory_limit_gib is not None and not self.memory_limit_gib > 0:
+            raise ValueError(f"memory limit must be a positive number of GiB, got {self.memory_limit_gib}")
         return self

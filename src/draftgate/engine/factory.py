@@ -112,7 +112,7 @@ def _auto_model_drafter(cfg: EngineConfig, target: LoadedModel, features: bool) 
 
 def _runs_native(cfg: EngineConfig, target: LoadedModel) -> bool:
     """Whether the target's forward runs on the native CPU kernels under this config."""
-    dtype = target.weights["model.embed_tokens.weight"].dtype
+    dtype = target.dtype
     return Kernels(cfg.kernels).resolve(torch.device(cfg.device), dtype) is Kernels.NATIVE
 
 
@@ -128,7 +128,7 @@ def quant_copy(cfg: EngineConfig, target: LoadedModel) -> LoadedModel:
         )
     c = target.config
     if target.gguf_path is not None:
-        blocks = load_blocks(target.gguf_path, c.num_heads, c.num_kv_heads, cfg.cache_dir or default_cache_dir())
+        blocks = load_blocks(target.gguf_path, c)
     else:
         try:
             blocks = {
@@ -144,6 +144,7 @@ def quant_copy(cfg: EngineConfig, target: LoadedModel) -> LoadedModel:
 def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelRunner:
     """The one place a model and its KV cache are built from config (engine, workers, drafts)."""
     if loaded is None:
+        check_memory(cfg, [("model", cfg.model)])
         loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     runner = ModelRunner(
         loaded,
@@ -171,8 +172,25 @@ def build_runner(cfg: EngineConfig, loaded: LoadedModel | None = None) -> ModelR
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
     cfg.validate()
     if loaded is None:
+        draft = cfg.draft_model if cfg.drafter in (DrafterKind.MODEL, DrafterKind.AUTO) else None
+        check_memory(cfg, [("target", cfg.model)] + ([("draft", draft)] if draft else []))
         loaded = load_model(cfg.model, dtype=cfg.torch_dtype, cache_dir=cfg.cache_dir, quantized=cfg.quantized)
     runner = build_runner(cfg, loaded)
     drafter = build_drafter(cfg, loaded)
     k = cfg.k if cfg.drafter != DrafterKind.NONE else 0
     return Engine(runner, drafter, k=k, k_max=cfg.k_max, max_batch=cfg.max_batch, max_queue=cfg.max_queue)
+
+
+def check_memory(cfg: EngineConfig, models: list[tuple[str, str]]) -> None:
+    """Refuse before loading (ModelLoadError with the numbers) when these models, each with a KV cache of
+    ``cfg.num_blocks``, and the process need more than ``cfg.memory_limit_gib`` or the memory available."""
+    from draftgate.modelinfo.host_memory import check_fits, host_need
+    from draftgate.modelinfo.shapes import resolve_shape
+    from draftgate.models.loader import resolve_model_path
+
+    slots = cfg.num_blocks * cfg.block_size
+    needs = []
+    for role, name in models:
+        path = resolve_model_path(name)
+        needs.append(host_need(f"{role} {name}", path, resolve_shape(str(path)), cfg.dtype, slots))
+    check_fits(needs, cfg.memory_limit_gib)
