@@ -238,7 +238,7 @@ def _real_blocks(real_model: LoadedModel) -> LoadedModel:
     """SmolLM2 with its GGUF's own Q4_1/Q8_0 blocks (what --dtype auto loads)."""
     c = real_model.config
     assert real_model.gguf_path is not None
-    return replace(real_model, blocks=load_blocks(real_model.gguf_path, c.num_heads, c.num_kv_heads, MODEL_CACHE))
+    return replace(real_model, blocks=load_blocks(real_model.gguf_path, c))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ behind (what later positions read).
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -78,9 +77,9 @@ def test_real_model_logits_are_batch_invariant(real_model: LoadedModel, dtype: t
     """Every weight format the model runs in: float32, bfloat16 and its own Q4_1/Q8_0 blocks."""
     model = real_model
     if dtype == "gguf":
-        cfg, cache = real_model.config, Path(__file__).resolve().parents[2] / ".cache" / "models"
+        cfg = real_model.config
         assert real_model.gguf_path is not None
-        model = replace(real_model, blocks=load_blocks(real_model.gguf_path, cfg.num_heads, cfg.num_kv_heads, cache))
+        model = replace(real_model, blocks=load_blocks(real_model.gguf_path, cfg))
     elif dtype != torch.float32:
         model = LoadedModel(
             model.config,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,8 @@ import torch
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig, RopeScaling
-from draftgate.models.loader import KNOWN_MODELS, LoadedModel, load_model, save_hf_folder
+from draftgate.models.known import known_model_path
+from draftgate.models.loader import LoadedModel, load_model, save_hf_folder
 from draftgate.models.runner import ForwardItem, ModelRunner
 
 TEXTS = [
@@ -74,10 +74,8 @@ CHAT_IDS = [
 
 
 def gguf_location() -> tuple[Path, str]:
-    pkg, fname = KNOWN_MODELS["smollm2-135m"]
-    spec = importlib.util.find_spec(pkg)
-    assert spec is not None and spec.submodule_search_locations
-    return Path(list(spec.submodule_search_locations)[0]), fname
+    path = known_model_path("smollm2-135m")
+    return path.parent, path.name
 
 
 # ------------------------------------------------------------------ the bundled model

@@ -52,11 +52,12 @@ def build_hf_model(loaded: LoadedModel, device: str) -> Any:
         from transformers.initialization import no_init_weights
     except ImportError:
         no_init_weights = contextlib.nullcontext  # older transformers: pay the random init
+    if loaded.config.family.name not in ("llama", "mistral"):
+        raise ArmError(f"the hf arms run Llama-family models; this one is {loaded.config.family.name}")
     cfg = transformers.LlamaConfig(**loaded.config.to_hf())
     with no_init_weights():
         hf = transformers.LlamaForCausalLM(cfg)
-    dtype = next(iter(loaded.weights.values())).dtype
-    result = hf.to(dtype).load_state_dict(loaded.weights, strict=False)
+    result = hf.to(loaded.dtype).load_state_dict(dict(loaded.weights), strict=False)
     if cfg.tie_word_embeddings:
         hf.tie_weights()
     missing = [k for k in result.missing_keys if not (cfg.tie_word_embeddings and k == "lm_head.weight")]

@@ -1,31 +1,28 @@
 """GGUF weights as GGUF stores them: quantized blocks, for the native kernels to run as they are.
 
-A ``Blocks`` is one weight matrix [N, K] in a GGML block format (rows of ``row_bytes`` bytes).
-The native packer (``models/native/qgemm.h``) reads Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; a weight in
-any other format is run from its dequantized float32 copy instead. ``quantize`` makes Q4_1 or
-Q8_0 blocks from float weights (the quantized self-draft of a float target).
+A ``Blocks`` is one weight matrix [N, K] in a GGML format (rows of ``row_bytes`` bytes): a block
+format, or a float type (F32, F16, BF16: blocks of one weight). The native packer
+(``models/native/qgemm.h``) reads every format of ``GGML_TYPES``; a file with a weight matrix in any
+other (IQ*, Q2_K, Q3_K, TQ*, ...) is refused by ``read_blocks``, naming it. ``quantize`` makes Q4_1
+or Q8_0 blocks from float weights (the quantized self-draft of a float target).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from draftgate.errors import ModelLoadError
-from draftgate.models.gguf_file import cache_file, open_gguf
+from draftgate.models.config import Family, ModelConfig
+from draftgate.models.gguf_file import GGUFFile, GGUFTensor
 
 __all__ = [
     "Blocks",
     "BLOCK_LAYOUT",
     "GGML_TYPES",
-    "LAYER_WEIGHTS",
     "QUANT_FORMATS",
     "hf_name",
     "unpermute",
@@ -34,12 +31,37 @@ __all__ = [
     "quantize",
 ]
 
-# ggml type ids of the formats the native packer reads, and (weights, bytes) per block.
-GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-BLOCK_LAYOUT = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+# ggml type ids of the formats the native packer reads (models/native/gguf_decode.h), and (weights, bytes)
+# per block (gguf's GGML_QUANT_SIZES). The float types run on the float kernel from their own storage.
+GGML_TYPES = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "F32": 0,
+    "F16": 1,
+    "BF16": 30,
+}
+BLOCK_LAYOUT = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+}
 QUANT_FORMATS = ("q4_1", "q8_0")  # what ``quantize`` makes
 
-_GGUF_NAMES = {
+_GGUF_NAMES = {  # llama.cpp's tensor names -> the runner's (HF Llama's, plus the norms other families add)
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -49,8 +71,11 @@ _GGUF_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "self_attn.o_norm",
+    "post_ffw_norm": "mlp.down_norm",
 }
-LAYER_WEIGHTS = tuple(_GGUF_NAMES.values())  # every layer's weights, HF names without "model.layers.{i}."
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output.weight": "lm_head.weight",
@@ -59,15 +84,17 @@ _TOP_NAMES = {
 }
 
 
-def hf_name(name: str) -> tuple[str, str | None]:
-    """A GGUF tensor's HF name, and which head count undoes its RoPE row permutation ("q", "k" or None)."""
+def hf_name(name: str, family: Family) -> tuple[str, str | None]:
+    """A GGUF tensor's runner name, and which head count undoes its RoPE row permutation ("q", "k" or None:
+    only families whose GGUF rows llama.cpp's converter permuted)."""
     if name in _TOP_NAMES:
         return _TOP_NAMES[name], None
     if name.startswith("blk."):
-        _, i, part, _ = name.split(".", 3)
-        if part in _GGUF_NAMES:
-            return f"model.layers.{i}.{_GGUF_NAMES[part]}.weight", {"attn_q": "q", "attn_k": "k"}.get(part)
-    raise ModelLoadError(f"unexpected tensor {name} in GGUF file")
+        _, i, part, kind = name.split(".", 3)
+        if part in _GGUF_NAMES and kind in ("weight", "bias"):
+            perm = {"attn_q": "q", "attn_k": "k"}.get(part) if family.gguf_permuted_qk else None
+            return f"model.layers.{i}.{_GGUF_NAMES[part]}.{kind}", perm
+    raise ModelLoadError(f"unexpected tensor {name} in a {family.name} GGUF file: DraftGate does not read it")
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -78,11 +105,18 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Blocks:
-    """One weight [N, K] in a GGML block format: ``data`` uint8 [N, row_bytes]."""
+    """One weight [N, K] in a GGML format: ``data`` uint8 [N, row_bytes]."""
 
-    format: str  # "Q4_1", ...
+    format: str  # "Q4_1", "Q5_K", "F16", ...
     data: torch.Tensor
     K: int
+    # The file and tensor ``data`` is a view of (None: its own memory), for ``release``.
+    source: tuple[GGUFFile, GGUFTensor] | None = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Hand a file view's pages back once packed (``data`` stays valid: touched again, it is read again)."""
+        if self.source is not None:
+            self.source[0].release(self.source[1])
 
     @property
     def N(self) -> int:
@@ -101,36 +135,30 @@ class Blocks:
         return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(self.N, self.K)
 
 
-def read_blocks(reader: Any, num_heads: int, num_kv_heads: int) -> dict[str, Blocks]:
-    """The weights of an open GGUF file that are in a format the packer reads, by HF name."""
+def read_blocks(f: GGUFFile, cfg: ModelConfig) -> dict[str, Blocks]:
+    """The weight matrices of an open GGUF file by runner name: views of its memory map, except q/k rows
+    llama.cpp's converter permuted (unpermuted into a copy); a format the packer does not read is refused."""
     out: dict[str, Blocks] = {}
-    for t in reader.tensors:
-        fmt = t.tensor_type.name
-        if fmt not in GGML_TYPES:
+    for t in f.tensors:
+        if len(t.shape) < 2:  # norms, biases, RoPE factors: the loader reads them as floats
             continue
-        key, perm = hf_name(t.name)
-        arr = np.asarray(t.data)  # [N, row_bytes] uint8
+        fmt = t.type_name
+        if fmt not in GGML_TYPES:
+            raise ModelLoadError(
+                f"GGUF tensor {t.name} is stored as {fmt}, which the native kernels do not read; "
+                f"they read {', '.join(GGML_TYPES)} (requantize the model to one of these)"
+            )
+        key, perm = hf_name(t.name, cfg.family)
+        arr = f.data(t)  # [N, row_bytes]
         if perm is not None:
-            arr = unpermute(arr, num_heads if perm == "q" else num_kv_heads)
-        out[key] = Blocks(fmt, torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)), int(t.shape[0]))
+            arr = np.ascontiguousarray(unpermute(arr, cfg.num_heads if perm == "q" else cfg.num_kv_heads))
+        out[key] = Blocks(fmt, torch.from_numpy(arr), t.shape[-1], None if perm else (f, t))
     return out
 
 
-def load_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: Path | None) -> dict[str, Blocks]:
-    """``read_blocks`` of a GGUF file, cached as uint8 safetensors (parsing GGUF metadata takes ~10 s)."""
-    cached = cache_file(path, cache_dir, "blocks-v1", ".blocks.safetensors")
-    if cached is not None and cached.is_file():
-        with safe_open(str(cached), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})["blocks"])
-            return {k: Blocks(meta[k][0], f.get_tensor(k), int(meta[k][1])) for k in f.keys()}
-    blocks = read_blocks(open_gguf(path), num_heads, num_kv_heads)
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        meta = json.dumps({k: [b.format, b.K] for k, b in blocks.items()})
-        save_file({k: b.data.contiguous() for k, b in blocks.items()}, str(tmp), metadata={"blocks": meta})
-        tmp.replace(cached)
-    return blocks
+def load_blocks(path: Path, cfg: ModelConfig) -> dict[str, Blocks]:
+    """``read_blocks`` of the GGUF file at ``path``."""
+    return read_blocks(GGUFFile(path), cfg)
 
 
 def _f16_bytes(x: torch.Tensor) -> torch.Tensor:  # [..., 1] float16 -> [..., 2] uint8 (little endian)

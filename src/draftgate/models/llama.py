@@ -1,4 +1,6 @@
-"""Llama-family forward pass over a paged KV cache (RMSNorm, RoPE, GQA attention, SwiGLU).
+"""The decoder forward pass over a paged KV cache (RMSNorm, RoPE, GQA attention, a gated MLP), with
+what each family adds (``config.Family``: q/k/v biases, q/k norms, norms around the attention and
+the MLP, GELU, scaled embeddings, per-layer attention windows and RoPE bases).
 
 One call runs a *ragged batch*: B sequences, each contributing 1..n new tokens,
 flattened to N = sum(n_b) rows so every matmul is one call. Attention gathers
@@ -16,7 +18,7 @@ lm_head from 4 rows up), and those are different kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +49,22 @@ class AttentionLayout:
     unpad: torch.Tensor | None  # [N] int64 rows of the padded [B*T_max] layout (None when B == 1)
     mask: torch.Tensor | None  # [B, 1, T_max, S_max] bool, True = attend (None: no mask needed)
     logit_rows: torch.Tensor  # [R] int64 rows of the flat batch whose logits are wanted
+    q_pos: torch.Tensor | None = None  # [B, T_max] each query's position (for windowed layers' masks)
+    k_len: torch.Tensor | None = None  # [B] keys per sequence
+    windowed: dict[int, torch.Tensor | None] = field(default_factory=dict)  # window -> its mask (cached)
+
+    def mask_for(self, window: int) -> torch.Tensor | None:
+        """The attention mask of a layer whose positions attend the last ``window`` keys (0: all)."""
+        if not window:
+            return self.mask
+        if window not in self.windowed:
+            assert self.q_pos is not None and self.k_len is not None
+            S_max = self.kv_gather.shape[1]
+            k_pos = torch.arange(S_max, device=self.q_pos.device)[None, None, :]  # [1, 1, S_max]
+            q = self.q_pos[:, :, None]  # [B, T_max, 1]
+            near = (k_pos <= q) & (k_pos > q - window) & (k_pos < self.k_len[:, None, None])
+            self.windowed[window] = near[:, None] if self.mask is None else self.mask & near[:, None]
+        return self.windowed[window]
 
     @classmethod
     def build(cls, batch: RaggedBatch, device: torch.device) -> AttentionLayout:
@@ -72,6 +90,7 @@ class AttentionLayout:
         t_idx = torch.arange(S_max, device=device)  # [S_max]
         kv_gather = tables[:, t_idx // bs] * bs + t_idx % bs  # [B, S_max] (past a sequence's length: masked)
         q_index = unpad = mask = None
+        q_pos_all = torch.arange(T_max, device=device)[None, :] + (as_t(ctx_lens) - as_t(new_lens))[:, None]
         if B > 1:
             starts = [0]
             for n in new_lens[:-1]:
@@ -79,7 +98,7 @@ class AttentionLayout:
             q_index = as_t([[st + min(t, n - 1) for t in range(T_max)] for st, n in zip(starts, new_lens, strict=True)])
             unpad = as_t([b * T_max + t for b, n in enumerate(new_lens) for t in range(n)])
         if B > 1 or T_max > 1:
-            q_pos = torch.arange(T_max, device=device)[None, :] + (as_t(ctx_lens) - as_t(new_lens))[:, None]
+            q_pos = q_pos_all
             k_pos = torch.arange(S_max, device=device)[None, None, :]  # [1, 1, S_max]
             mask = (k_pos <= q_pos[:, :, None]) & (k_pos < as_t(ctx_lens)[:, None, None])
             if batch.parents is not None:  # a tree row attends the context and its own ancestors only
@@ -91,7 +110,18 @@ class AttentionLayout:
             table = batch.block_tables[0][:n_blocks]
             if table == list(range(table[0], table[0] + n_blocks)):
                 span = (table[0] * bs, table[0] * bs + S_max)
-        return cls(as_t(positions), as_t(write), kv_gather, span, q_index, unpad, mask, as_t(logit_rows))
+        return cls(
+            as_t(positions),
+            as_t(write),
+            kv_gather,
+            span,
+            q_index,
+            unpad,
+            mask,
+            as_t(logit_rows),
+            q_pos_all,
+            as_t(ctx_lens),
+        )
 
 
 @dataclass
@@ -131,7 +161,7 @@ class _Weight:
 
 
 class _Layer:
-    def __init__(self, w: dict[str, torch.Tensor], i: int, on_cpu: bool) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], i: int, on_cpu: bool, window: int) -> None:
         p = f"model.layers.{i}."
         qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])  # [(H+2Hkv)*D, C]
         gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])  # [2F, C]
@@ -142,6 +172,11 @@ class _Layer:
         self.down = _Weight(w[p + "mlp.down_proj.weight"], keep)
         self.attn_norm = w[p + "input_layernorm.weight"]
         self.ffn_norm = w[p + "post_attention_layernorm.weight"]
+        bias = [w.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        self.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None  # [(H+2Hkv)*D]
+        self.q_norm, self.k_norm = w.get(p + "self_attn.q_norm.weight"), w.get(p + "self_attn.k_norm.weight")  # [D]
+        self.o_norm, self.down_norm = w.get(p + "self_attn.o_norm.weight"), w.get(p + "mlp.down_norm.weight")  # [C]
+        self.window = window
 
 
 class LlamaModel:
@@ -160,15 +195,17 @@ class LlamaModel:
         # and out_ids [Vs] maps its rows to token ids; other tokens get logit -inf (q = 0).
         self.out_ids: torch.Tensor | None = w.get(VOCAB_SUBSET_KEY)  # [Vs] int64
         self.norm = w["model.norm.weight"]
-        self.layers = [_Layer(w, i, on_cpu) for i in range(cfg.num_layers)]
+        self.layers = [_Layer(w, i, on_cpu, cfg.window(i)) for i in range(cfg.num_layers)]
         if not on_cpu:  # GPU: F.linear everywhere (the CPU kernel quirk does not apply)
             for lw in [self.lm_head] + [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down)]:
                 lw.w = lw.wt.t().contiguous() if lw.w is None else lw.w
-        inv_freq = rope_inv_freq(cfg).to(device)  # [D/2]
-        self._inv_freq = inv_freq
+        self._inv_freq = rope_inv_freq(cfg).to(device)  # [D/2]
+        self._inv_freq_local = rope_inv_freq(cfg, local=True).to(device)  # [D/2]
+        # Gemma scales embeddings by sqrt(hidden) in the weights' dtype, as transformers does.
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype) if cfg.family.embed_scale else None
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope_cos_sin(positions, self._inv_freq)  # [N, D]
+    def _rope(self, positions: torch.Tensor, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_cos_sin(positions, self._inv_freq_local if local else self._inv_freq)  # [N, D]
         return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]  # [N, 1, D]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -184,30 +221,22 @@ class LlamaModel:
         layout = AttentionLayout.build(batch, self.device)
         tokens = torch.tensor(batch.tokens, dtype=torch.int64, device=self.device)  # [N]
         cfg = self.cfg
-        N = tokens.shape[0]
-        H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        cos, sin = self._rope(layout.positions)  # [N, 1, D]
+        ropes = {w > 0: self._rope(layout.positions, w > 0) for w in {L.window for L in self.layers}}  # [N, 1, D] each
         x = self.embed[tokens]  # [N, C]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         feats: dict[int, torch.Tensor] = {}  # layer -> [RF, C]
         frows = (
             torch.tensor(batch.feature_rows(), dtype=torch.int64, device=self.device) if batch.feature_layers else None
         )  # [RF]
         for li, L in enumerate(self.layers):
-            h = self._rms(x, L.attn_norm)
-            qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
-            q = qkv[:, : H * D].view(N, H, D)
-            k = qkv[:, H * D : (H + Hkv) * D].view(N, Hkv, D)
-            v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            kc, vc = kv.k[li], kv.v[li]  # [num_slots, Hkv, D]
-            kc.index_copy_(0, layout.write_slots, k)
-            vc.index_copy_(0, layout.write_slots, v)
-            attn = self._attention(q, kc, vc, layout)  # [N, H*D]
-            x = x + L.o(attn)
-            h = self._rms(x, L.ffn_norm)
-            gu = L.gate_up(h)  # [N, 2F]
+            attn = self._attend(L, self._rms(x, L.attn_norm), ropes[L.window > 0], kv, li, layout)  # [N, H*D]
+            o = L.o(attn)
+            x = x + (o if L.o_norm is None else self._rms(o, L.o_norm))
+            gu = L.gate_up(self._rms(x, L.ffn_norm))  # [N, 2F]
             g, u = gu.chunk(2, dim=-1)
-            x = x + L.down(F.silu(g) * u)
+            down = L.down((F.gelu(g, approximate="tanh") if cfg.family.gelu else F.silu(g)) * u)
+            x = x + (down if L.down_norm is None else self._rms(down, L.down_norm))
             if li in batch.feature_layers:
                 feats[li] = x[frows].float()  # [RF, C]
         if len(self.layers) in batch.feature_layers:
@@ -226,7 +255,37 @@ class LlamaModel:
         argmax = torch.where(finite, logits.argmax(dim=-1), -1)  # [R]
         return ForwardOutput(logits, argmax, features)
 
-    def _attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    def _attend(
+        self,
+        L: _Layer,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv: KVCache,
+        li: int,
+        layout: AttentionLayout,
+    ) -> torch.Tensor:
+        """One layer's attention of the normed rows h [N, C]: q/k/v (biases, q/k norms, RoPE), the KV written
+        at the rows' slots, attention over each row's keys. [N, H*D]"""
+        cfg, N = self.cfg, h.shape[0]
+        H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv = L.qkv(h)  # [N, (H+2Hkv)*D]
+        if L.qkv_bias is not None:
+            qkv = qkv + L.qkv_bias
+        q = qkv[:, : H * D].view(N, H, D)
+        k = qkv[:, H * D : (H + Hkv) * D].view(N, Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
+        if L.q_norm is not None and L.k_norm is not None:
+            q, k = self._rms(q, L.q_norm), self._rms(k, L.k_norm)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kc, vc = kv.k[li], kv.v[li]  # [num_slots, Hkv, D]
+        kc.index_copy_(0, layout.write_slots, k)
+        vc.index_copy_(0, layout.write_slots, v)
+        return self._attention(q, kc, vc, layout, L.window)
+
+    def _attention(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, layout: AttentionLayout, window: int = 0
+    ) -> torch.Tensor:
         N, H, D = q.shape
         if layout.kv_span is not None:  # one sequence in consecutive slots: a view, no copy
             a, b = layout.kv_span
@@ -238,7 +297,10 @@ class LlamaModel:
             Q = q.view(1, N, H, D).transpose(1, 2)  # [1, H, N, D]
         else:
             Q = q[layout.q_index].transpose(1, 2)  # [B, H, T_max, D]
-        out = F.scaled_dot_product_attention(Q, keys, values, attn_mask=layout.mask, enable_gqa=True)  # [B, H, T, D]
+        mask = layout.mask_for(window)
+        out = F.scaled_dot_product_attention(
+            Q, keys, values, attn_mask=mask, enable_gqa=True, scale=self.cfg.scale
+        )  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(-1, H * D)  # [B*T_max, H*D]
         return out if layout.unpad is None else out[layout.unpad]  # [N, H*D]
 

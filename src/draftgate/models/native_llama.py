@@ -1,4 +1,4 @@
-"""The Llama forward on the native CPU kernels (``models/native``): weights packed once, one call per pass.
+"""The decoder forward on the native CPU kernels (``models/native``): weights packed once, one call per pass.
 
 Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md):
 - a K+1-row pass over MKL's GEMM cost 1.5-2.7x a one-row pass, where decoding is memory-bound
@@ -12,9 +12,10 @@ Why not PyTorch's kernels on CPU (measured, docs/BENCHMARKS.md):
   in a ragged batch (tests/models/test_invariance.py checks it on the real model).
 
 Weights may be stored as float32, bfloat16 or float16 (activations, the KV cache and every sum
-float32), or as a GGUF file's own quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ``gguf_blocks``),
-multiplied from their codes inside the product's tiles (``native/qgemm.h``: with 8-bit activations
-as llama.cpp does, where the CPU has the integer dot products). Every format computes a row from
+float32), or as a GGUF file's own tensors (``gguf_blocks``): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
+and Q6_K blocks multiplied from their codes inside the product's tiles (``native/qgemm.h``: with 8-bit
+activations as llama.cpp does, where the CPU has the integer dot products), F32, F16 and BF16 tensors
+from their own storage. Every format computes a row from
 that row alone, so each keeps the same invariance (speculation stays exact against plain decoding
 of the same weights).
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from draftgate.models.config import ModelConfig, rope_inv_freq
 from draftgate.models.gguf_blocks import Blocks
 from draftgate.models.llama import VOCAB_SUBSET_KEY
 from draftgate.models.native.build import NativeLib
+from draftgate.models.weights import EMBED, ModelWeights
 
 __all__ = ["NativeLlama", "NATIVE_DTYPES", "NativeKVCache", "PackedLinear", "profile"]
 
@@ -41,7 +43,7 @@ NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 _SHARED: weakref.WeakValueDictionary[tuple[int, int, int], NativeLlama] = weakref.WeakValueDictionary()
-_FORMATS = {0: "float32", 1: "bfloat16", 2: "float16", 3: "q4", 4: "q8"}  # gemm.h's DType
+_FORMATS = {0: "float32", 1: "bfloat16", 2: "float16", 3: "q4", 4: "q8", 5: "q5"}  # packed.h's DType
 
 
 class NativeKVCache:
@@ -79,7 +81,7 @@ class NativeLlama:
 
     @classmethod
     def shared(
-        cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], lib: NativeLib, blocks: dict[str, Blocks] | None = None
+        cls, cfg: ModelConfig, weights: ModelWeights, lib: NativeLib, blocks: Mapping[str, Blocks] | None = None
     ) -> NativeLlama:
         """One packed copy per loaded model in a process: runners built on the same weights share it.
 
@@ -88,35 +90,36 @@ class NativeLlama:
         and an arm could run 8-20% slower than its neighbours for a whole bench (docs/BENCHMARKS.md).
         Safe to share: the forward keeps no state between calls.
         """
-        embed = weights["model.embed_tokens.weight"]
-        key = (id(embed), id(lib), id(blocks) if blocks is not None else 0)
+        source = _source(weights, blocks)
+        key = (id(source), id(lib), id(blocks) if blocks is not None else 0)
         hit = _SHARED.get(key)
-        if hit is not None and hit._source() is embed and hit._blocks is blocks:
+        if hit is not None and hit._source() is source and hit._blocks is blocks:
             return hit
         model = _SHARED[key] = cls(cfg, weights, lib, blocks)
         return model
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        weights: dict[str, torch.Tensor],
-        lib: NativeLib,
-        blocks: dict[str, Blocks] | None = None,
+        self, cfg: ModelConfig, weights: ModelWeights, lib: NativeLib, blocks: Mapping[str, Blocks] | None = None
     ) -> None:
-        """``blocks``: run these weights (HF names) from their quantized blocks; the rest from ``weights``."""
+        """``blocks``: run these weights (runner names) from their GGUF blocks (their pages handed back to
+        the file once packed); the rest from ``weights``' float tensors."""
         self.cfg = cfg
         self.lib = lib
         c = lib.cdll
-        embed = weights["model.embed_tokens.weight"]  # [V, C]
-        if embed.dtype not in NATIVE_DTYPES:
-            raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {embed.dtype}")
-        self.dtype = embed.dtype
-        self._source = weakref.ref(embed)  # what ``shared`` matches (an id alone may be reused)
+        self.dtype = weights.dtype
+        if self.dtype not in NATIVE_DTYPES:
+            raise ValueError(f"native kernels store float32, bfloat16 or float16 weights, not {self.dtype}")
+        self._source = weakref.ref(_source(weights, blocks))  # what ``shared`` matches (an id may be reused)
         self._blocks = blocks
         self._formats: set[str] = set()  # the packed products' storage formats (float32, q4, ...)
         self._keep: list[torch.Tensor] = []  # tensors the C side points into
         self._packed: list[int] = []
         inv_freq = self._f32(rope_inv_freq(cfg))  # [D/2]
+        local = cfg.rope_local_theta is not None and any(cfg.layer_windows)
+        inv_local = self._f32(rope_inv_freq(cfg, local=True)) if local else None  # [D/2]
+        fam = cfg.family
+        # Gemma scales embeddings by sqrt(hidden) rounded to the weights' dtype, as transformers does.
+        scale = float(torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype)) if fam.embed_scale else 1.0
         self._model = c.dg_model_new(
             cfg.num_layers,
             cfg.hidden_size,
@@ -126,13 +129,20 @@ class NativeLlama:
             cfg.intermediate_size,
             cfg.rms_norm_eps,
             inv_freq.data_ptr(),
+            inv_local.data_ptr() if inv_local is not None else None,
+            cfg.scale,
+            scale,
+            1 if fam.gelu else 0,
         )
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
 
             def pack(*names: str, p: str = p) -> int:
-                keys = [p + n + ".weight" for n in names]
-                return self._pack([weights[k] for k in keys], keys)
+                return self._pack(weights, [p + n + ".weight" for n in names])
+
+            def vec(*names: str, p: str = p) -> int | None:  # float32 vectors a family adds (None: absent)
+                parts = [weights.get(p + n) for n in names]
+                return self._f32(torch.cat(parts)).data_ptr() if all(x is not None for x in parts) else None
 
             c.dg_model_set_layer(
                 self._model,
@@ -143,25 +153,32 @@ class NativeLlama:
                 pack("self_attn.o_proj"),
                 pack("mlp.gate_proj", "mlp.up_proj"),  # [2F, C]
                 pack("mlp.down_proj"),
+                vec("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),  # [(H+2Hkv)*D]
+                vec("self_attn.q_norm.weight"),  # [D]
+                vec("self_attn.k_norm.weight"),  # [D]
+                vec("self_attn.o_norm.weight"),  # [C]
+                vec("mlp.down_norm.weight"),  # [C]
+                cfg.window(i),
+                1 if local and cfg.window(i) else 0,
             )
         # A distilled draft may predict a vocabulary subset: head [Vs, C], out_ids [Vs] -> token ids.
         self.out_ids: torch.Tensor | None = weights.get(VOCAB_SUBSET_KEY)  # [Vs] int64
-        head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        if head_name not in weights:
-            head_name = "model.embed_tokens.weight"
-        head = weights[head_name]
-        tied = head is embed
-        self.head_rows = head.shape[0]
-        embed_ptr = None
-        if not tied:  # the embedding is read row by row; a tied one is read from the packed head
-            embed_ptr = self._keep_tensor(embed.contiguous()).data_ptr()
+        head_name = "lm_head.weight" if not cfg.tie_word_embeddings and "lm_head.weight" in weights else EMBED
+        self.head_rows = weights.shape(head_name)[0]
+        embed_ptr, embed_packed = None, None
+        if head_name != EMBED:  # untied: the embedding's rows from its own storage; tied: the packed head's
+            if blocks is not None and EMBED in blocks:
+                embed_packed = self._pack(weights, [EMBED])
+            else:
+                embed_ptr = self._keep_tensor(weights[EMBED].contiguous()).data_ptr()
         c.dg_model_set_head(
             self._model,
             self._f32(weights["model.norm.weight"]).data_ptr(),
-            self._pack([head], [head_name]),
+            self._pack(weights, [head_name]),
             embed_ptr,
-            NATIVE_DTYPES[embed.dtype],
-            embed.shape[0],
+            NATIVE_DTYPES[self.dtype],
+            cfg.vocab_size,
+            embed_packed,
         )
         weakref.finalize(self, _free, c, self._model, list(self._packed))
 
@@ -176,9 +193,9 @@ class NativeLlama:
     def _f32(self, t: torch.Tensor) -> torch.Tensor:
         return self._keep_tensor(t.detach().to(torch.float32).contiguous())
 
-    def _pack(self, parts: list[torch.Tensor], names: list[str]) -> int:
-        """The weights ``parts`` ([N_i, K] each) stacked into one product: from their quantized blocks
-        where ``blocks`` has every part, else from the float tensors."""
+    def _pack(self, weights: Mapping[str, torch.Tensor], names: list[str]) -> int:
+        """The weights ``parts`` ([N_i, K] each) stacked into one product: from the GGUF file's own tensors
+        (quantized blocks, or F32/F16/BF16 as stored) where ``blocks`` has every part, else from the float tensors."""
         c = self.lib.cdll
         qb = [b for n in names if (b := (self._blocks or {}).get(n)) is not None]
         if len(qb) == len(names):
@@ -187,8 +204,11 @@ class NativeLlama:
             types = (ctypes.c_int * len(qb))(*[b.ggml_type for b in qb])
             rows = (ctypes.c_int * len(qb))(*[b.N for b in qb])
             h = c.dg_pack_gguf(len(qb), ptrs, types, rows, qb[0].K)
+            for b in qb:
+                b.release()
             N, K = sum(b.N for b in qb), qb[0].K
         else:
+            parts = [weights[n] for n in names]
             w = (parts[0] if len(parts) == 1 else torch.cat(parts)).detach().contiguous()
             N, K = w.shape
             h = c.dg_pack(w.data_ptr(), NATIVE_DTYPES[w.dtype], N, K)
@@ -256,6 +276,12 @@ class NativeLlama:
         argmax = out.argmax
         ids = torch.where(argmax >= 0, self.out_ids[argmax.clamp(min=0)], -1)  # [R] subset row -> token id
         return ForwardOutput(full, ids, out.features)
+
+
+def _source(weights: ModelWeights, blocks: Mapping[str, Blocks] | None) -> torch.Tensor:
+    """The tensor a packed model is known by: its embedding's blocks, else its float embedding."""
+    b = (blocks or {}).get(EMBED)
+    return b.data if b is not None else weights.dense[EMBED]
 
 
 @dataclass(frozen=True)

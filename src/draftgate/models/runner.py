@@ -75,7 +75,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        dtype = loaded.weights["model.embed_tokens.weight"].dtype
+        dtype = loaded.dtype
         self.kernels = Kernels(kernels).resolve(self.device, dtype)
         num_slots = num_blocks * block_size
         self.model: NativeLlama | LlamaModel

@@ -5,9 +5,11 @@
 // left them waiting on a single chain's latency (docs/BENCHMARKS.md).
 //
 // Batch invariance: grouping decides which queries share a load, never a rounding. Each score is
-// one FMA chain over d (ascending, from 0) of its own query and key, scaled by 1/sqrt(D); each
-// query's softmax takes the max and the sum over its own keys 0..S-1 in a fixed vector order; each
-// output accumulates p_j v_j over j = 0..S-1 in order, then divides by the sum. A query's output is
+// one FMA chain over d (ascending, from 0) of its own query and key, scaled (1/sqrt(D), or the
+// model's scale); each query's softmax takes the max and the sum over its own keys lo..S-1 in a fixed
+// vector order (lo > 0: a layer whose positions attend the last S - lo keys, a sliding window; the
+// keys before lo get weight exactly 0); each output accumulates p_j v_j over j = 0..S-1 in order,
+// then divides by the sum. A query's output is
 // therefore bitwise the same alone, in any group, and whichever thread runs it.
 //
 // Draft trees: a query may read, from position `shared` on, keys that are not its sequence's next
@@ -70,6 +72,7 @@ struct AttnQuery {
   float* out;            // [D]
   const int64_t* slots;  // [S] the cache slot of each key it reads
   int64_t shared;        // keys 0..shared-1 are its sequence's (the group's key chunks); S for a chain
+  int64_t lo = 0;        // the first key it attends (a sliding window); the keys before weigh 0
 };
 
 #if defined(__AVX512F__)
@@ -230,8 +233,8 @@ static void pv_all(AttnQuery* qs, int nq, const float* vbase, size_t row) {
 // Attention of nq queries of one sequence and kv head g: kbase/vbase point at kv head g of this
 // layer's caches, ch lists the sequence's key chunks (up to the largest S).
 static void attend_many(AttnQuery* qs, int nq, const float* kbase, const float* vbase, const KeyChunk* ch,
-                        int64_t nch_all, int Hkv, int D, int64_t bs) {
-  const V scale = vset1(1.0f / std::sqrt(float(D)));
+                        int64_t nch_all, int Hkv, int D, int64_t bs, float score_scale) {
+  const V scale = vset1(score_scale);
   const bool full = bs % VL == 0;
   for (int a = 0; a < nq; a += ATT_QB) {
     const int nb = std::min(ATT_QB, nq - a);
@@ -248,7 +251,8 @@ static void attend_many(AttnQuery* qs, int nq, const float* kbase, const float* 
     if (qs[a].shared < qs[a].S) rescore_own(qs[a], kbase, kblock, D, bs, scale);
   std::vector<float> inv(static_cast<size_t>(nq));
   for (int a = 0; a < nq; a++) {
-    inv[a] = 1.0f / softmax_unnormalized(qs[a].scores, qs[a].S);
+    inv[a] = 1.0f / softmax_unnormalized(qs[a].scores + qs[a].lo, qs[a].S - qs[a].lo);
+    std::fill(qs[a].scores, qs[a].scores + qs[a].lo, 0.0f);  // outside the window: p = 0, so p v adds nothing
     for (int c = 0; c < D; c++) qs[a].out[c] = 0.0f;
   }
   const size_t row = size_t(Hkv) * D;

@@ -1,5 +1,8 @@
-// The native Llama forward (RMSNorm, RoPE, GQA attention over the paged KV cache, SwiGLU) for
-// CPU decoding: one call runs every layer of one ragged batch, on the pool's threads.
+// The native decoder forward (RMSNorm, RoPE, GQA attention over the paged KV cache, a gated MLP) for
+// CPU decoding: one call runs every layer of one ragged batch, on the pool's threads. What a model
+// family adds is read from its Layer and Model (config.Family): q/k/v biases, per-head q/k norms,
+// norms of the attention's and the MLP's outputs before the residual, GELU, scaled embeddings,
+// per-layer sliding windows with their own RoPE frequencies, the attention's scale.
 //
 // Batch invariance: every phase computes a row's values from that row's inputs only, with a
 // reduction order fixed by the model's shapes and the row's own position (gemm.h for the
@@ -29,17 +32,33 @@ struct Layer {
   const float* attn_norm = nullptr;  // [C]
   const float* ffn_norm = nullptr;   // [C]
   Packed *qkv = nullptr, *o = nullptr, *gate_up = nullptr, *down = nullptr;
+  const float* qkv_bias = nullptr;   // [(H+2Hkv)*D] added to q, k, v (null: none)
+  const float* q_norm = nullptr;     // [D] per-head RMSNorm of q before RoPE (null: none; then k_norm too)
+  const float* k_norm = nullptr;     // [D]
+  const float* o_norm = nullptr;     // [C] RMSNorm of the attention's output before the residual (null: none)
+  const float* down_norm = nullptr;  // [C] RMSNorm of the MLP's output before the residual (null: none)
+  int window = 0;                    // a position attends the last `window` keys, itself included (0: all)
+  bool local_rope = false;           // RoPE with the model's local frequencies
 };
+
+enum Activation { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 struct Model {
   int L, C, H, Hkv, D, F;
   float eps;
-  std::vector<float> inv_freq;  // [D/2]
+  std::vector<float> inv_freq;        // [D/2]
+  std::vector<float> inv_freq_local;  // [D/2] of the layers with local_rope (empty: none)
+  float attn_scale;                   // the attention scores' scale
+  float embed_scale = 1.0f;           // embeddings are multiplied by it
+  int act = ACT_SILU;
   std::vector<Layer> layers;
   const float* final_norm = nullptr;  // [C]
   Packed* head = nullptr;             // [Vout, C]
-  const void* embed = nullptr;        // [V, C] row-major, or null: rows of the packed head (tied)
+  // The embedding's rows: a row-major [V, C] array, else a packed product's rows (a GGUF file's own
+  // blocks, or the head's when tied).
+  const void* embed = nullptr;  // [V, C] row-major, or null
   int embed_dtype = F32;
+  const Packed* embed_packed = nullptr;
   int vocab = 0;  // rows of the embedding: token ids must be below it
 };
 
@@ -131,9 +150,36 @@ static std::vector<RowGroup> row_groups(const Model& m, const Batch& bt) {
 
 static void embed_row(const Model& m, int64_t tok, float* out) {
   if (m.embed == nullptr) {
-    unpack_row(m.head, int(tok), out);
+    unpack_row(m.embed_packed != nullptr ? m.embed_packed : m.head, int(tok), out);
   } else {
     for (int c = 0; c < m.C; c++) out[c] = to_f32(m.embed, m.embed_dtype, size_t(tok) * m.C + c);
+  }
+  if (m.embed_scale != 1.0f)
+    for (int c = 0; c < m.C; c++) out[c] = out[c] * m.embed_scale;
+}
+
+// q/k/v of one row after the qkv product: its bias added, each q and k head RMS-normed, RoPE applied.
+static void prepare_qkv(const Model& m, const Layer& Ly, float* row, const float* cs, const float* sn) {
+  const int H = m.H, Hkv = m.Hkv, D = m.D, ldq = (H + 2 * Hkv) * D;
+  if (Ly.qkv_bias != nullptr)
+    for (int j = 0; j < ldq; j++) row[j] = row[j] + Ly.qkv_bias[j];
+  if (Ly.q_norm != nullptr) {
+    std::vector<float> tmp(static_cast<size_t>(D));
+    for (int h = 0; h < H + Hkv; h++) {
+      float* v = row + size_t(h) * D;
+      rmsnorm_row(v, h < H ? Ly.q_norm : Ly.k_norm, D, m.eps, tmp.data());
+      std::memcpy(v, tmp.data(), sizeof(float) * D);
+    }
+  }
+  rope_rotate(row, H + Hkv, D, cs, sn);
+}
+
+// x[i] += rmsnorm(y[i]) (norm non-null) for this thread's rows: a sandwich norm before the residual.
+static void add_normed(float* x, const float* y, const float* norm, int C, float eps, int a, int b, float* tmp) {
+  for (int i = a; i < b; i++) {
+    rmsnorm_row(y + size_t(i) * C, norm, C, eps, tmp);
+    float* xi = x + size_t(i) * C;
+    for (int c = 0; c < C; c++) xi[c] = xi[c] + tmp[c];
   }
 }
 
@@ -169,6 +215,11 @@ static void forward(const Model& m, const Batch& bt, int B) {
   for (int i = 0; i < N; i++) max_ctx = std::max<int64_t>(max_ctx, bt.positions[i] + 1);
   std::vector<float> x(size_t(N) * C), h(size_t(N) * C), qkv(size_t(N) * ldq), attn(size_t(N) * H * D);
   std::vector<float> gu(size_t(N) * 2 * F), act(size_t(N) * F), cs(size_t(N) * half), sn(size_t(N) * half);
+  const bool local = !m.inv_freq_local.empty();
+  std::vector<float> cs_l(local ? size_t(N) * half : 0), sn_l(local ? size_t(N) * half : 0);
+  bool sandwich = false;
+  for (const Layer& Ly : m.layers) sandwich = sandwich || Ly.o_norm != nullptr || Ly.down_norm != nullptr;
+  std::vector<float> y(sandwich ? size_t(N) * C : 0);  // a sublayer's output before its norm
   std::vector<float> hf(size_t(bt.R) * C);
   const auto slots = slot_lists(bt, B);
   const auto row_keys = tree_keys(bt, slots);
@@ -186,19 +237,22 @@ static void forward(const Model& m, const Batch& bt, int B) {
   std::vector<std::vector<AttnQuery>> queries(P.size(), std::vector<AttnQuery>(size_t(ATT_ROWS * hpg)));
   auto run_attention = [&](const AttnItem& it, int li, int tid) {
     const RowGroup& gr = groups[it.group];
+    const int window = m.layers[li].window;
     AttnQuery* qs = queries[tid].data();
     int nq = 0;
     for (int r = gr.row0; r < gr.row0 + gr.nrows; r++) {
       const RowKeys& rk = row_keys[r];
       const int64_t* rs = rk.own.empty() ? slots[gr.seq].data() : rk.own.data();
+      const int64_t S = bt.positions[r] + 1;
       for (int hh = it.h0; hh < it.h0 + it.nh; hh++, nq++)
-        qs[nq] = AttnQuery{&qkv[size_t(r) * ldq + size_t(hh) * D], bt.positions[r] + 1,
-                           scratch[tid].data() + size_t(nq) * stride, &attn[size_t(r) * H * D + size_t(hh) * D],
-                           rs, rk.shared};
+        qs[nq] = AttnQuery{&qkv[size_t(r) * ldq + size_t(hh) * D], S, scratch[tid].data() + size_t(nq) * stride,
+                           &attn[size_t(r) * H * D + size_t(hh) * D], rs, rk.shared,
+                           window > 0 ? std::max<int64_t>(0, S - window) : 0};
     }
     const float* kbase = bt.kc + size_t(li) * bt.layer_stride + size_t(it.g) * D * bt.block_size;
     const float* vbase = bt.vc + size_t(li) * bt.layer_stride + size_t(it.g) * D;
-    attend_many(qs, nq, kbase, vbase, gr.chunks.data(), int64_t(gr.chunks.size()), m.Hkv, D, bt.block_size);
+    attend_many(qs, nq, kbase, vbase, gr.chunks.data(), int64_t(gr.chunks.size()), m.Hkv, D, bt.block_size,
+                m.attn_scale);
   };
 
   P.run([&](int tid, int nt) {
@@ -207,9 +261,12 @@ static void forward(const Model& m, const Batch& bt, int B) {
     PhaseClock clk(tid == 0 && g_prof_on.load(std::memory_order_relaxed));
     int a, b;
     rows_of(N, tid, nt, &a, &b);
+    std::vector<float> tmp(static_cast<size_t>(C));
     for (int i = a; i < b; i++) {
       embed_row(m, bt.tokens[i], &x[size_t(i) * C]);
       rope_angles(bt.positions[i], m.inv_freq.data(), half, &cs[size_t(i) * half], &sn[size_t(i) * half]);
+      if (local)
+        rope_angles(bt.positions[i], m.inv_freq_local.data(), half, &cs_l[size_t(i) * half], &sn_l[size_t(i) * half]);
     }
     bar.wait();
     clk.lap(P_EMBED);
@@ -221,9 +278,10 @@ static void forward(const Model& m, const Batch& bt, int B) {
       gemm(Ly.qkv, h.data(), N, C, qkv.data(), ldq, false, tid, nt);
       bar.wait();
       clk.lap(P_QKV);
-      for (int i = a; i < b; i++) {  // RoPE on q and k, then k and v into the cache
+      const bool lr = Ly.local_rope && local;
+      for (int i = a; i < b; i++) {  // bias, q/k norms, RoPE on q and k, then k and v into the cache
         float* row = &qkv[size_t(i) * ldq];
-        rope_rotate(row, H + m.Hkv, D, &cs[size_t(i) * half], &sn[size_t(i) * half]);
+        prepare_qkv(m, Ly, row, &(lr ? cs_l : cs)[size_t(i) * half], &(lr ? sn_l : sn)[size_t(i) * half]);
         store_kv(bt.kc + size_t(li) * bt.layer_stride, bt.vc + size_t(li) * bt.layer_stride,
                  slots[bt.row_seq[i]][slot_index(bt, i)], bt.block_size, m.Hkv, D, row + H * D, row + (H + m.Hkv) * D);
       }
@@ -233,8 +291,15 @@ static void forward(const Model& m, const Batch& bt, int B) {
         run_attention(items[it], li, tid);
       bar.wait();
       clk.lap(P_ATTN);
-      gemm(Ly.o, attn.data(), N, H * D, x.data(), C, true, tid, nt);
-      bar.wait();
+      if (Ly.o_norm == nullptr) {
+        gemm(Ly.o, attn.data(), N, H * D, x.data(), C, true, tid, nt);
+        bar.wait();
+      } else {
+        gemm(Ly.o, attn.data(), N, H * D, y.data(), C, false, tid, nt);
+        bar.wait();
+        add_normed(x.data(), y.data(), Ly.o_norm, C, m.eps, a, b, tmp.data());
+        bar.wait();
+      }
       clk.lap(P_O);
       for (int i = a; i < b; i++) rmsnorm_row(&x[size_t(i) * C], Ly.ffn_norm, C, m.eps, &h[size_t(i) * C]);
       bar.wait();
@@ -242,11 +307,19 @@ static void forward(const Model& m, const Batch& bt, int B) {
       gemm(Ly.gate_up, h.data(), N, C, gu.data(), 2 * F, false, tid, nt);
       bar.wait();
       clk.lap(P_GATE_UP);
-      for (int i = a; i < b; i++) silu_mul(&gu[size_t(i) * 2 * F], F, &act[size_t(i) * F]);
+      for (int i = a; i < b; i++)
+        (m.act == ACT_GELU_TANH ? gelu_mul : silu_mul)(&gu[size_t(i) * 2 * F], F, &act[size_t(i) * F]);
       bar.wait();
       clk.lap(P_ACT);
-      gemm(Ly.down, act.data(), N, F, x.data(), C, true, tid, nt);
-      bar.wait();
+      if (Ly.down_norm == nullptr) {
+        gemm(Ly.down, act.data(), N, F, x.data(), C, true, tid, nt);
+        bar.wait();
+      } else {
+        gemm(Ly.down, act.data(), N, F, y.data(), C, false, tid, nt);
+        bar.wait();
+        add_normed(x.data(), y.data(), Ly.down_norm, C, m.eps, a, b, tmp.data());
+        bar.wait();
+      }
       clk.lap(P_DOWN);
       // x is next written by layer li + 1's o-projection, several barriers from here.
       for (int j = 0; j < bt.n_feat; j++)

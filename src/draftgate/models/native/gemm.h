@@ -8,8 +8,8 @@
 // ragged batch. Speed comes from streaming each weight once per call for up to MR rows (decoding
 // is memory-bound: the weights are read once whether 1 or 17 rows use them).
 //
-// The packed layout is packed.h's; float32, bfloat16 and float16 tiles run the kernel here, the
-// quantized ones (Q4, Q8) qgemm.h's, and `gemm` dispatches on the storage.
+// The packed layout is packed.h's; float32, bfloat16 and float16 segments run the kernel here, the
+// quantized ones qgemm.h's, and `gemm` dispatches each segment on its storage.
 #pragma once
 
 #include <algorithm>
@@ -25,42 +25,34 @@
 
 namespace dg {
 
+// W [N, K] row-major in float storage `dtype` into one float segment.
 static inline Packed* pack(const void* src, int dtype, int N, int K) {
   auto* p = new Packed();
-  p->N = N;
   p->K = K;
   p->dtype = dtype;
-  p->nvec = (N + VL - 1) / VL;
-  p->tiles = (p->nvec + NV_TILE - 1) / NV_TILE;
-  size_t bytes = size_t(p->tiles) * NR * K * p->elem();
-  p->data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  std::memset(p->data, 0, bytes);
-  for (int t = 0; t < p->tiles; t++) {
-    int w = p->tile_width(t);
-    for (int c = 0; c < w; c++) {
-      int n = t * NR + c;
-      if (n >= N) break;
-      for (int k = 0; k < K; k++) {
-        size_t dst = p->tile_offset(t) + size_t(k) * w + c;
-        size_t s = size_t(n) * K + k;
-        if (dtype == F32)
-          static_cast<float*>(p->data)[dst] = static_cast<const float*>(src)[s];
-        else
-          static_cast<uint16_t*>(p->data)[dst] = static_cast<const uint16_t*>(src)[s];
-      }
-    }
+  const Seg& s = p->add(dtype, 0, N, float_seg_bytes);
+  p->data = std::aligned_alloc(64, p->bytes + 64);
+  std::memset(p->data, 0, p->bytes);
+  const size_t e = s.elem();
+  for (int n = 0; n < N; n++) {
+    const int t = n / NR, c = n % NR, w = s.tile_width(t);
+    uint8_t* out = static_cast<uint8_t*>(p->data) + (size_t(t) * NR * K + c) * e;
+    const uint8_t* in = static_cast<const uint8_t*>(src) + size_t(n) * K * e;
+    for (int k = 0; k < K; k++) std::memcpy(out + size_t(k) * w * e, in + size_t(k) * e, e);
   }
   return p;
 }
 
-static inline void unpack_row(const Packed* p, int n, float* out) {  // W[n, :] (for a tied embedding)
-  if (p->dtype >= Q4) return qunpack_row(p, n, out);
-  int t = n / NR, c = n % NR, w = p->tile_width(t);
-  for (int k = 0; k < p->K; k++) {
-    size_t i = p->tile_offset(t) + size_t(k) * w + c;
-    out[k] = to_f32(p->data, p->dtype, i);
-  }
+static inline void unpack_row(const Packed* p, int n, float* out) {  // W[n, :] (an embedding's row)
+  const Seg& s = p->seg_of(n);
+  n -= s.n0;
+  if (s.dtype == QUANT) return qunpack_row(p, s, n, out);
+  const int t = n / NR, c = n % NR, w = s.tile_width(t);
+  const void* base = static_cast<const uint8_t*>(p->data) + s.offset;
+  for (int k = 0; k < p->K; k++) out[k] = to_f32(base, s.dtype, size_t(t) * NR * p->K + size_t(k) * w + c);
 }
+
+static inline size_t packed_bytes(const Packed* p) { return p->bytes; }
 
 // One register block: MR rows x NV vectors of columns, the whole K reduction.
 // x: [MR, ldx] rows, w: the block's first column in its tile (row stride ws), y: [MR, ldy].
@@ -113,37 +105,46 @@ static MicroFn<W> pick(int mr, int nv) {
   return pick_mr<W, 2>(mr, std::make_integer_sequence<int, MR_MAX[2]>{});
 }
 
-// This thread's share of y (+)= x @ W^T: column vectors [tid*nvec/n, (tid+1)*nvec/n).
+// Vectors [v0, v1) of float segment s (its own numbering) of y (+)= x @ W^T; y: the segment's first column.
 template <typename W>
-static void gemm_part(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
-                      int nthreads) {
-  const W* base = static_cast<const W*>(p->data);
-  int v0 = int(int64_t(p->nvec) * tid / nthreads), v1 = int(int64_t(p->nvec) * (tid + 1) / nthreads);
+static void gemm_seg(const Packed* p, const Seg& s, int v0, int v1, const float* x, int M, int ldx, float* y,
+                     int ldy, bool add) {
+  const W* base = reinterpret_cast<const W*>(static_cast<const uint8_t*>(p->data) + s.offset);
   const int step = NV_TILE, mr_max = MR_MAX[NV_TILE];  // nv < NV_TILE only where a thread's range ends
   while (v0 < v1) {
     int t = v0 / NV_TILE, in_tile = v0 - t * NV_TILE;
-    int nv = std::min({step - in_tile % step, v1 - v0, p->nvec - v0, NV_TILE - in_tile});
-    int ws = p->tile_width(t), col = v0 * VL;
-    const W* w = base + p->tile_offset(t) + in_tile * VL;
+    int nv = std::min({step - in_tile % step, v1 - v0, NV_TILE - in_tile});
+    int ws = s.tile_width(t), col = v0 * VL;
+    const W* w = base + size_t(t) * NR * p->K + in_tile * VL;
     for (int r0 = 0; r0 < M;) {
       int mr = std::min(M - r0, mr_max);
-      pick<W>(mr, nv)(x + size_t(r0) * ldx, ldx, w, ws, p->K, y + size_t(r0) * ldy + col, ldy, p->N - col, add);
+      pick<W>(mr, nv)(x + size_t(r0) * ldx, ldx, w, ws, p->K, y + size_t(r0) * ldy + col, ldy, s.N - col, add);
       r0 += mr;
     }
     v0 += nv;
   }
 }
 
+// This thread's share of y (+)= x @ W^T (thread_vectors), segment by segment in each one's kernel.
 static inline void gemm(const Packed* p, const float* x, int M, int ldx, float* y, int ldy, bool add, int tid,
                         int nthreads) {
-  if (p->dtype >= Q4)
-    qgemm(p, x, M, ldx, y, ldy, add, tid, nthreads);
-  else if (p->dtype == BF16)
-    gemm_part<bf16_t>(p, x, M, ldx, y, ldy, add, tid, nthreads);
-  else if (p->dtype == F16)
-    gemm_part<f16_t>(p, x, M, ldx, y, ldy, add, tid, nthreads);
-  else
-    gemm_part<float>(p, x, M, ldx, y, ldy, add, tid, nthreads);
+  int v0, v1;
+  thread_vectors(p, tid, nthreads, &v0, &v1);
+  if (v0 >= v1) return;
+  qgemm_prepare(p, x, M, ldx);
+  for (const Seg& s : p->segs) {
+    const int a = std::max(v0, s.v0) - s.v0, b = std::min(v1, s.v0 + s.nvec) - s.v0;
+    if (a >= b) continue;
+    float* ys = y + s.n0;
+    if (s.dtype == QUANT)
+      qgemm_seg(p, s, a, b, x, M, ldx, ys, ldy, add);
+    else if (s.dtype == BF16)
+      gemm_seg<bf16_t>(p, s, a, b, x, M, ldx, ys, ldy, add);
+    else if (s.dtype == F16)
+      gemm_seg<f16_t>(p, s, a, b, x, M, ldx, ys, ldy, add);
+    else
+      gemm_seg<float>(p, s, a, b, x, M, ldx, ys, ldy, add);
+  }
 }
 
 }  // namespace dg

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -88,7 +89,8 @@ struct HeadAttention {
     }
     const float* kbase = reinterpret_cast<const float*>(io.kc[s]) + size_t(it.g) * D * cap;
     const float* vbase = reinterpret_cast<const float*>(io.vc[s]) + size_t(it.g) * D;
-    attend_many(qs, it.nh, kbase, vbase, chunks[s].data(), int64_t(chunks[s].size()), hd.Hkv, D, cap);
+    attend_many(qs, it.nh, kbase, vbase, chunks[s].data(), int64_t(chunks[s].size()), hd.Hkv, D, cap,
+                1.0f / std::sqrt(float(D)));
   }
 };
 

@@ -54,7 +54,7 @@ void* dg_pack(const void* w, int dtype, int N, int K) {
   return p;
 }
 
-// Rows of n_parts GGUF tensors (GGML block formats, each [rows[i], K]) stacked into one quantized Packed.
+// Rows of n_parts GGUF tensors (each [rows[i], K]) stacked into one Packed, each part in its own format.
 void* dg_pack_gguf(int n_parts, const void* const* srcs, const int* types, const int* rows, int K) {
   Packed* p = nullptr;
   guarded([&] { p = pack_gguf(n_parts, srcs, types, rows, K); });
@@ -87,27 +87,40 @@ int dg_linear(const void* w, const float* x, int M, float* y, int add) {
   return guarded([&] { pool().run([&](int tid, int nt) { gemm(p, x, M, p->K, y, p->N, add != 0, tid, nt); }); });
 }
 
-void* dg_model_new(int L, int C, int H, int Hkv, int D, int F, float eps, const float* inv_freq) {
-  auto* m = new Model{L, C, H, Hkv, D, F, eps, std::vector<float>(inv_freq, inv_freq + D / 2), {}, nullptr,
-                      nullptr, nullptr, F32, 0};
+void* dg_model_new(int L, int C, int H, int Hkv, int D, int F, float eps, const float* inv_freq,
+                   const float* inv_freq_local, float attn_scale, float embed_scale, int act) {
+  auto* m = new Model{};
+  m->L = L, m->C = C, m->H = H, m->Hkv = Hkv, m->D = D, m->F = F, m->eps = eps;
+  m->inv_freq.assign(inv_freq, inv_freq + D / 2);
+  if (inv_freq_local != nullptr) m->inv_freq_local.assign(inv_freq_local, inv_freq_local + D / 2);
+  m->attn_scale = attn_scale, m->embed_scale = embed_scale, m->act = act;
   m->layers.resize(L);
   return m;
 }
 
+// Layer i's norms and products; the rest (null or 0: the family has none) are what a family adds.
 void dg_model_set_layer(void* mp, int i, const float* attn_norm, const float* ffn_norm, void* qkv, void* o,
-                        void* gate_up, void* down) {
+                        void* gate_up, void* down, const float* qkv_bias, const float* q_norm, const float* k_norm,
+                        const float* o_norm, const float* down_norm, int window, int local_rope) {
   auto* m = static_cast<Model*>(mp);
-  m->layers[i] = Layer{attn_norm, ffn_norm, static_cast<Packed*>(qkv), static_cast<Packed*>(o),
-                       static_cast<Packed*>(gate_up), static_cast<Packed*>(down)};
+  Layer& Ly = m->layers[i];
+  Ly.attn_norm = attn_norm, Ly.ffn_norm = ffn_norm;
+  Ly.qkv = static_cast<Packed*>(qkv), Ly.o = static_cast<Packed*>(o);
+  Ly.gate_up = static_cast<Packed*>(gate_up), Ly.down = static_cast<Packed*>(down);
+  Ly.qkv_bias = qkv_bias, Ly.q_norm = q_norm, Ly.k_norm = k_norm, Ly.o_norm = o_norm, Ly.down_norm = down_norm;
+  Ly.window = window, Ly.local_rope = local_rope != 0;
 }
 
+// The head; the embedding's rows from ``embed`` (row-major, ``embed_dtype``), else from the packed
+// ``embed_packed``, else (both null: tied) from the head's.
 void dg_model_set_head(void* mp, const float* final_norm, void* head, const void* embed, int embed_dtype,
-                       int vocab) {
+                       int vocab, void* embed_packed) {
   auto* m = static_cast<Model*>(mp);
   m->final_norm = final_norm;
   m->head = static_cast<Packed*>(head);
   m->embed = embed;
   m->embed_dtype = embed_dtype;
+  m->embed_packed = static_cast<Packed*>(embed_packed);
   m->vocab = vocab;
 }
 

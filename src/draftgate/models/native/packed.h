@@ -2,14 +2,18 @@
 // both the float and the quantized kernels stream, and what every register block shares (the K
 // chunking, the prefetch distance, the store of a block's finished sums).
 //
-// Packed layout: columns in tiles of NV_TILE vectors (NV_TILE * VL columns); tile t holds
-// W[t*NR : t*NR + NR, :] transposed, [K][NR] contiguous, so a tile is one sequential stream.
-// N is padded to a multiple of VL with zero columns; stores are cut at N.
+// A product is one or more segments along N, each a run of columns in one storage: float32,
+// bfloat16, float16, or one GGUF quantized format (qgemm.h's tiles); the stacked parts of a product
+// (q, k, v; gate, up) each keep their own storage. A segment's columns are in tiles of NV_TILE
+// vectors (NV_TILE * VL columns); float tile t holds W[t*NR : t*NR + NR, :] transposed, [K][NR]
+// contiguous, so a tile is one sequential stream, and a segment's tiles follow each other. A
+// segment's columns are padded to a multiple of VL with zero columns; stores are cut at its end.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "simd.h"
 
@@ -31,21 +35,72 @@ constexpr int MR_MAX[3] = {0, 4, 4};
 #endif
 constexpr int NR = NV_TILE * VL;
 
-// Weight storage; compute is always fp32. Q4 and Q8 are the quantized tiles of qgemm.h.
-enum DType : int { F32 = 0, BF16 = 1, F16 = 2, Q4 = 3, Q8 = 4 };
+// A product's storage as dg_packed_dtype reports it; compute is always fp32. A product with
+// quantized segments reports the class of its widest codes: Q4 (4-bit), Q5 (5-bit), Q8 (6- and 8-bit).
+enum DType : int { F32 = 0, BF16 = 1, F16 = 2, Q4 = 3, Q8 = 4, Q5 = 5 };
+constexpr int QUANT = 16;  // a segment's dtype for quantized tiles (its GGUF format in Seg::type)
+
+// A run of columns in one storage.
+struct Seg {
+  int dtype = F32;  // F32, BF16, F16, or QUANT
+  int type = 0;     // QUANT: the GGUF type id (gguf_decode.h's GgmlType)
+  int n0 = 0, N = 0;           // its first column in the product, and its columns
+  int v0 = 0, nvec = 0;        // its first column vector in the product's numbering, and its vectors
+  int tiles = 0;               // ceil(nvec / NV_TILE)
+  size_t offset = 0, bytes = 0;  // where its tiles start in Packed::data, and their bytes
+
+  size_t elem() const { return dtype == F32 ? 4 : 2; }  // float tiles: bytes a weight
+  int tile_width(int t) const { return std::min(NR, (nvec - t * NV_TILE) * VL); }  // the last may be narrower
+};
 
 struct Packed {
   int N = 0, K = 0, dtype = F32;
-  int group = 0;  // quantized: weights per scale along K
-  int nvec = 0;   // ceil(N / VL) column vectors
-  int tiles = 0;  // ceil(nvec / NV_TILE)
+  int nvec = 0;     // column vectors of all segments
+  int group = 32;   // the integer kernel's activation group along K (qgemm.h)
+  bool qint = false;  // quantized segments run qgemm.h's integer kernel
+  std::vector<Seg> segs;
   void* data = nullptr;
+  size_t bytes = 0;  // of all segments' tiles
 
-  size_t elem() const { return dtype == F32 ? 4 : 2; }
-  // Start of tile t, and its row stride (the last tile may be narrower).
-  size_t tile_offset(int t) const { return size_t(t) * NR * K; }
-  int tile_width(int t) const { return std::min(NR, (nvec - t * NV_TILE) * VL); }
+  // Append a segment of N columns (its tiles' bytes from seg_bytes) after the others.
+  Seg& add(int dtype, int type, int n, size_t (*seg_bytes)(const Seg&, int K)) {
+    Seg s;
+    s.dtype = dtype, s.type = type, s.n0 = N, s.N = n, s.v0 = nvec;
+    s.nvec = (n + VL - 1) / VL;
+    s.tiles = (s.nvec + NV_TILE - 1) / NV_TILE;
+    s.offset = bytes;
+    s.bytes = (seg_bytes(s, K) + 63) / 64 * 64;  // each segment starts on a cache line
+    N += n, nvec += s.nvec, bytes += s.bytes;
+    segs.push_back(s);
+    return segs.back();
+  }
+  const Seg& seg_of(int n) const {  // the segment holding column n
+    for (const Seg& s : segs)
+      if (n < s.n0 + s.N) return s;
+    return segs.back();
+  }
 };
+
+// Bytes of a float segment's tiles: [K][w] elements per tile.
+static inline size_t float_seg_bytes(const Seg& s, int K) { return size_t(s.tiles) * NR * K * s.elem(); }
+
+// This thread's share [*v0, *v1) of a product's column vectors: equal shares of its tiles' bytes
+// (a segment's vectors weigh its bytes a vector). Any split gives the same values: a column's sums
+// do not depend on which thread computes it.
+static inline void thread_vectors(const Packed* p, int tid, int nthreads, int* v0, int* v1) {
+  auto at = [&](int i) {  // the first vector of share i
+    if (i >= nthreads) return p->nvec;
+    const size_t target = size_t(double(p->bytes) * i / nthreads);
+    size_t before = 0;
+    for (const Seg& s : p->segs) {
+      if (target < before + s.bytes) return s.v0 + int((target - before) * s.nvec / s.bytes);
+      before += s.bytes;
+    }
+    return p->nvec;
+  };
+  *v0 = at(tid);
+  *v1 = at(tid + 1);
+}
 
 // Element i of a float32, bfloat16 or float16 array, as float32 (exact).
 static inline float to_f32(const void* data, int dtype, size_t i) {
@@ -66,6 +121,18 @@ constexpr int KC = 64;
 #ifndef DG_PREFETCH_BYTES
 #define DG_PREFETCH_BYTES 8192
 #endif
+
+// Software prefetch of [p, p + n) DG_PREFETCH_BYTES ahead (no-op in portable builds). Always inlined:
+// GCC takes a function whose only effect is a prefetch for one without side effects, and drops its calls.
+#define DG_INLINE inline __attribute__((always_inline))
+static DG_INLINE void prefetch_ahead(const void* p, size_t n) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  const char* a = static_cast<const char*>(p) + DG_PREFETCH_BYTES;
+  for (size_t b = 0; b < n; b += 64) _mm_prefetch(a + b, DG_PREFETCH_HINT);
+#else
+  (void)p, (void)n;
+#endif
+}
 
 // A register block's finished sums tot[MR][NV * VL] into y (add: onto it), only the real columns of
 // a padded last vector.

@@ -1,5 +1,6 @@
 // Row-wise steps shared by the native forward (forward.h) and the draft head's step (head_step.h):
-// RMSNorm, SwiGLU's activation, RoPE, and the greedy choice (argmax) of logit rows on the pool.
+// RMSNorm, the gated MLP's activations (SiLU, GELU's tanh approximation), RoPE, and the greedy choice
+// (argmax) of logit rows on the pool.
 // Each computes a row's values from that row alone, in a fixed order, so a row's result does not
 // depend on the rows beside it or on how the rows are split between threads.
 #pragma once
@@ -45,6 +46,25 @@ static void silu_mul(const float* gu, int F, float* out) {  // gu = [gate | up],
   for (; c < F; c++) {
     float g = gu[c];
     out[c] = (g / (1.0f + sexp(-g))) * gu[F + c];
+  }
+}
+
+// out = gelu(gate) * up, GELU's tanh approximation: 0.5 x (1 + tanh(z)) = x * sigmoid(2z), with
+// z = sqrt(2/pi) (x + 0.044715 x^3).
+static void gelu_mul(const float* gu, int F, float* out) {
+  constexpr float k2 = 1.5957691216057308f, c3 = 0.044715f;  // 2 * sqrt(2/pi)
+  int c = 0;
+  V one = vset1(1.0f), zero = vzero(), vk2 = vset1(k2), vc3 = vset1(c3);
+  for (; c + VL <= F; c += VL) {
+    V g = vload(gu + c);
+    V z = vmul(vk2, vfma(vmul(vc3, g), vmul(g, g), g));  // 2 sqrt(2/pi) (g + 0.044715 g^3)
+    V s = vdiv(g, vadd(one, vexp(vsub(zero, z))));
+    vstore(out + c, vmul(s, vload(gu + F + c)));
+  }
+  for (; c < F; c++) {
+    float g = gu[c];
+    float z = k2 * ((c3 * g) * (g * g) + g);
+    out[c] = (g / (1.0f + sexp(-z))) * gu[F + c];
   }
 }
 

@@ -140,7 +140,10 @@ static inline V vpow2i(V n) { DG_LANES(std::ldexp(1.0f, int(n.v[i]))); }
 static inline const char* isa_name() { return "portable"; }
 #endif
 
-// 32-bit integer lanes (VL of them) for the quantized kernels' 8-bit dot products (qgemm.h).
+// 32-bit integer lanes (VL of them) for the quantized kernels (qgemm.h): 4 bytes a lane, as the 8-bit
+// dot products take them. vi_plane adds `value` to every byte i whose bit i of bits[] is set (a code's
+// high bit from its bit plane); vi_byte_ps is byte b of every lane as a float (vi_sbyte_ps: as a signed
+// byte); vi_sub8 subtracts z from every byte.
 #if defined(__AVX512F__)
 using VI = __m512i;
 static inline VI vi_zero() { return _mm512_setzero_si512(); }
@@ -154,13 +157,25 @@ static inline V vi_to_ps(VI a) { return _mm512_cvtepi32_ps(a); }
 static inline VI vi_low4(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }  // of every byte
 static inline VI vi_high4(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
 // acc + per 32-bit lane the 4 products of w's unsigned bytes with x's signed bytes. Without VNNI the
-// byte pairs add in 16 bits first, exact while w's bytes are below 129 (4-bit codes).
+// byte pairs add in 16 bits first, exact while w's bytes are below 129 (the 4- and 5-bit codes).
 static inline VI vdot4(VI acc, VI w, VI x) {
 #if defined(__AVX512VNNI__)
   return _mm512_dpbusd_epi32(acc, w, x);
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
 #endif
+}
+static inline VI vi_plane(VI v, const uint8_t* bits, int value) {
+  uint64_t b;
+  std::memcpy(&b, bits, 8);
+  return _mm512_mask_add_epi8(v, _cvtu64_mask64(b), v, _mm512_set1_epi8(char(value)));
+}
+static inline V vi_byte_ps(VI v, int b) {
+  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * b), _mm512_set1_epi32(255)));
+}
+static inline VI vi_sub8(VI v, int z) { return _mm512_sub_epi8(v, _mm512_set1_epi8(char(z))); }
+static inline V vi_sbyte_ps(VI v, int b) {  // byte b of every lane, signed
+  return _mm512_cvtepi32_ps(_mm512_srai_epi32(b == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * b), 24));
 }
 #elif defined(__AVX2__)
 using VI = __m256i;
@@ -177,20 +192,74 @@ static inline VI vi_high4(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4
 static inline VI vdot4(VI acc, VI w, VI x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
+static inline VI vi_plane(VI v, const uint8_t* bits, int value) {
+  uint32_t b;
+  std::memcpy(&b, bits, 4);
+  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));  // byte i: bit i % 8
+  const __m256i x = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(b)), spread), bit);
+  return _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(x, bit), _mm256_set1_epi8(char(value))));
+}
+static inline V vi_byte_ps(VI v, int b) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * b), _mm256_set1_epi32(255)));
+}
+static inline VI vi_sub8(VI v, int z) { return _mm256_sub_epi8(v, _mm256_set1_epi8(char(z))); }
+static inline V vi_sbyte_ps(VI v, int b) {
+  return _mm256_cvtepi32_ps(_mm256_srai_epi32(b == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * b), 24));
+}
+#else  // portable: the lanes as plain integers (no dot products here: the float kernel decodes codes with them)
+struct VI {
+  uint32_t v[VL];
+};
+static inline VI vi_load(const void* p) {
+  VI r;
+  std::memcpy(r.v, p, sizeof(r.v));
+  return r;
+}
+static inline VI vi_low4(VI a) {
+  for (int i = 0; i < VL; i++) a.v[i] &= 0x0F0F0F0Fu;
+  return a;
+}
+static inline VI vi_high4(VI a) {
+  for (int i = 0; i < VL; i++) a.v[i] = (a.v[i] >> 4) & 0x0F0F0F0Fu;
+  return a;
+}
+static inline VI vi_plane(VI a, const uint8_t* bits, int value) {
+  for (int i = 0; i < VL; i++) {  // lane i's 4 bits, one to each of its bytes
+    const uint32_t n = (bits[i / 2] >> (4 * (i % 2))) & 15u;
+    a.v[i] += ((n & 1u) | (n & 2u) << 7 | (n & 4u) << 14 | (n & 8u) << 21) * uint32_t(value);
+  }
+  return a;
+}
+static inline V vi_byte_ps(VI a, int b) {
+  V r;
+  for (int i = 0; i < VL; i++) r.v[i] = float((a.v[i] >> (8 * b)) & 255u);
+  return r;
+}
+static inline VI vi_sub8(VI a, int z) {
+  for (int i = 0; i < VL; i++) {
+    uint32_t r = 0;
+    for (int b = 0; b < 4; b++) r |= uint32_t(uint8_t((a.v[i] >> (8 * b)) - uint32_t(z))) << (8 * b);
+    a.v[i] = r;
+  }
+  return a;
+}
+static inline V vi_sbyte_ps(VI a, int b) {
+  V r;
+  for (int i = 0; i < VL; i++) r.v[i] = float(int8_t(uint8_t(a.v[i] >> (8 * b))));
+  return r;
+}
 #endif
 
-// Quantized weight codes, VL of them as floats (exact: small integers). vq4: the low (hi = false)
-// or high nibbles of VL bytes; vq8: VL signed bytes.
-static inline V vq4(const uint8_t* p, bool hi) {
+// VL bytes as floats (exact: small integers): vu8 unsigned, vq8 signed.
+static inline V vu8(const uint8_t* p) {
 #if defined(__AVX512F__)
-  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_cvtepi32_ps(hi ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(15)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 #elif defined(__AVX2__)
-  __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_cvtepi32_ps(hi ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 #else
   V r;
-  for (int i = 0; i < VL; i++) r.v[i] = float(hi ? p[i] >> 4 : p[i] & 15);
+  for (int i = 0; i < VL; i++) r.v[i] = float(p[i]);
   return r;
 #endif
 }
