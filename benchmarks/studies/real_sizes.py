@@ -146,7 +146,7 @@ def main() -> int:
     from draftgate.models.loader import resolve_model_path
 
     path = resolve_model_path(a.model)
-    cfg = gguf_config(GGUFFile(path))
+    cfg = gguf_config(GGUFFile(path).fields, path)
     size = path.stat().st_size
     print(f"{path.name}: {size / 2**30:.2f} GiB, {cfg.family.name}, {cfg.num_layers} layers, vocab {cfg.vocab_size}")
     rows: dict[str, list[dict]] = {"draftgate": [], "llama-server": []}

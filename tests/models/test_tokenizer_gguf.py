@@ -21,7 +21,6 @@ llama.cpp's own vocabulary test files and chat templates (its source tree's mode
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -33,9 +32,9 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from draftgate.models.gguf_file import gguf_fields, open_gguf
-from draftgate.models.gguf_tokenizer import PRE_TOKENIZERS, build_gguf_tokenizer
+from draftgate.models.gguf_tokenizer import PRE_TOKENIZERS
 from draftgate.models.known import known_model_path
-from draftgate.models.tokenizer import TextTokenizer, render_chat_template
+from draftgate.models.tokenizer import TextTokenizer
 
 # A varied corpus: code, Unicode (CJK, emoji, accents, RTL, combining marks), runs of spaces, newlines and
 # tabs, digits and long numbers, punctuation, contractions, leading/trailing spaces.

@@ -108,19 +108,29 @@ class Blocks:
     """One weight [N, K] in a GGML format: ``data`` uint8 [N, row_bytes]."""
 
     format: str  # "Q4_1", "Q5_K", "F16", ...
-    data: torch.Tensor
+    stored: torch.Tensor  # uint8 [N, row_bytes], rows in the file's order
     K: int
-    # The file and tensor ``data`` is a view of (None: its own memory), for ``release``.
+    # The file and tensor ``stored`` is a view of (None: its own memory), for ``release``.
     source: tuple[GGUFFile, GGUFTensor] | None = field(default=None, repr=False, compare=False)
+    # q/k rows llama.cpp's converter permuted: the head count that undoes it (None: rows as they are).
+    heads: int | None = None
+
+    @property
+    def data(self) -> torch.Tensor:
+        """uint8 [N, row_bytes] in the runner's row order: ``stored``, or a copy with q/k rows unpermuted
+        (made on each access, so no unpermuted copy outlives its use)."""
+        if self.heads is None:
+            return self.stored
+        return torch.from_numpy(np.ascontiguousarray(unpermute(self.stored.numpy(), self.heads)))
 
     def release(self) -> None:
-        """Hand a file view's pages back once packed (``data`` stays valid: touched again, it is read again)."""
+        """Hand a file view's pages back once packed (``stored`` stays valid: touched again, it is read again)."""
         if self.source is not None:
             self.source[0].release(self.source[1])
 
     @property
     def N(self) -> int:
-        return int(self.data.shape[0])
+        return int(self.stored.shape[0])
 
     @property
     def ggml_type(self) -> int:
@@ -136,8 +146,8 @@ class Blocks:
 
 
 def read_blocks(f: GGUFFile, cfg: ModelConfig) -> dict[str, Blocks]:
-    """The weight matrices of an open GGUF file by runner name: views of its memory map, except q/k rows
-    llama.cpp's converter permuted (unpermuted into a copy); a format the packer does not read is refused."""
+    """The weight matrices of an open GGUF file by runner name: views of its memory map (q/k rows llama.cpp's
+    converter permuted are unpermuted when read); a format the packer does not read is refused."""
     out: dict[str, Blocks] = {}
     for t in f.tensors:
         if len(t.shape) < 2:  # norms, biases, RoPE factors: the loader reads them as floats
@@ -149,10 +159,8 @@ def read_blocks(f: GGUFFile, cfg: ModelConfig) -> dict[str, Blocks]:
                 f"they read {', '.join(GGML_TYPES)} (requantize the model to one of these)"
             )
         key, perm = hf_name(t.name, cfg.family)
-        arr = f.data(t)  # [N, row_bytes]
-        if perm is not None:
-            arr = np.ascontiguousarray(unpermute(arr, cfg.num_heads if perm == "q" else cfg.num_kv_heads))
-        out[key] = Blocks(fmt, torch.from_numpy(arr), t.shape[-1], None if perm else (f, t))
+        heads = None if perm is None else cfg.num_heads if perm == "q" else cfg.num_kv_heads
+        out[key] = Blocks(fmt, torch.from_numpy(f.data(t)), t.shape[-1], (f, t), heads)  # [N, row_bytes]
     return out
 
 

@@ -199,7 +199,7 @@ class NativeLlama:
         c = self.lib.cdll
         qb = [b for n in names if (b := (self._blocks or {}).get(n)) is not None]
         if len(qb) == len(names):
-            data = [b.data.contiguous() for b in qb]  # copied into the tiles
+            data = [b.data.contiguous() for b in qb]  # copied into the tiles (q/k rows unpermuted here)
             ptrs = (ctypes.c_void_p * len(qb))(*[d.data_ptr() for d in data])
             types = (ctypes.c_int * len(qb))(*[b.ggml_type for b in qb])
             rows = (ctypes.c_int * len(qb))(*[b.N for b in qb])

@@ -31,8 +31,7 @@ static inline Packed* pack(const void* src, int dtype, int N, int K) {
   p->K = K;
   p->dtype = dtype;
   const Seg& s = p->add(dtype, 0, N, float_seg_bytes);
-  p->data = std::aligned_alloc(64, p->bytes + 64);
-  std::memset(p->data, 0, p->bytes);
+  p->alloc_data();
   const size_t e = s.elem();
   for (int n = 0; n < N; n++) {
     const int t = n / NR, c = n % NR, w = s.tile_width(t);

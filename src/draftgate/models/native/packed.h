@@ -13,6 +13,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <vector>
 
 #include "simd.h"
@@ -73,6 +76,13 @@ struct Packed {
     N += n, nvec += s.nvec, bytes += s.bytes;
     segs.push_back(s);
     return segs.back();
+  }
+  // Storage for the segments' tiles (freed with std::free), zeroed unless the caller zeroes each tile
+  // as it fills it (in the thread that fills it: the pages fault in on every packing thread at once).
+  void alloc_data(bool zero = true) {
+    data = std::aligned_alloc(64, (bytes + 64 + 63) / 64 * 64);
+    if (!data) throw std::bad_alloc();
+    std::memset(static_cast<uint8_t*>(data) + (zero ? 0 : bytes), 0, zero ? bytes + 64 : 64);
   }
   const Seg& seg_of(int n) const {  // the segment holding column n
     for (const Seg& s : segs)

@@ -27,12 +27,15 @@
 // A sub-block's bytes: a multiple of 64 for full tiles, so every row is one aligned load.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gguf_decode.h"
@@ -163,6 +166,25 @@ struct QRowScratch {  // one decoded GGUF row
   explicit QRowScratch(int K) : u(K), sc(K / 16), mn(K / 16), d(K / 32), m(K / 32) {}
 };
 
+// A column's codes, 4 k at a time: one 32-bit OR into its lane of a row (bytes, or nibbles at `shift`),
+// and per bit plane one OR of 4 bits at `bit0` (the plane bits of 4 consecutive k of a column are adjacent).
+template <int CODE>
+static void qpack_codes(const uint8_t* u, int n, uint8_t* row, size_t rb, uint8_t* plane, size_t pw, size_t ps,
+                        int shift, int bit0) {
+  for (int kq = 0; kq < n / 4; kq++, row += rb, plane += pw) {
+    uint32_t u4, lane;
+    std::memcpy(&u4, u + 4 * kq, 4);
+    std::memcpy(&lane, row, 4);
+    lane |= CODE == CODE8 ? u4 : (u4 & 0x0F0F0F0Fu) << shift;
+    std::memcpy(row, &lane, 4);
+    for (int p = 0; p < (CODE == CODE8 ? 0 : CODE); p++) {
+      const uint32_t x = (u4 >> (4 + p)) & 0x01010101u;  // bit 4 + p of each code, at bit 0 of its byte
+      const uint32_t bits = (x | x >> 7 | x >> 14 | x >> 21) & 15u;
+      plane[p * ps] |= uint8_t(bits << bit0);
+    }
+  }
+}
+
 static void qpack_col(const QFormat& f, const uint8_t* src, int K, uint8_t* tile, int w, int c, QRowScratch& r) {
   decode_codes(f.type, src, K, r.u.data(), r.d.data(), r.m.data(), r.sc.data(), r.mn.data());
   const size_t bb = q_block_bytes(f, w), sb = q_sub_bytes(f, w), rb = f.code == CODE8 ? 4 * w : 4 * VL;
@@ -171,6 +193,10 @@ static void qpack_col(const QFormat& f, const uint8_t* src, int K, uint8_t* tile
   bool hi;
   int bit0;
   q_code_at(f, w, 0, c, &at0, &hi, &pa0, &ps, &bit0);
+  auto codes_fn = f.code == CODE4   ? qpack_codes<CODE4>
+                  : f.code == CODE5 ? qpack_codes<CODE5>
+                  : f.code == CODE6 ? qpack_codes<CODE6>
+                                    : qpack_codes<CODE8>;
   for (int b = 0; b < K / f.block; b++) {
     uint8_t* h = tile + size_t(b) * bb;
     std::memcpy(h + 2 * c, &r.d[b], 2);
@@ -180,18 +206,31 @@ static void qpack_col(const QFormat& f, const uint8_t* src, int K, uint8_t* tile
       if (f.scale == SC_K || f.scale == SC_K6) h[q_sc_at(f, w, s, c)] = r.sc[si];
       if (f.scale == SC_K) h[q_mn_at(w, s, c)] = r.mn[si];
       uint8_t* codes = h + size_t(f.head) * w + size_t(s) * sb;
-      const uint8_t* u = &r.u[size_t(si) * f.sub];
-      for (int kq = 0; kq < f.sub / 4; kq++) {  // 4 k: bytes at0 + t of the row, plane bits bit0 + t
-        uint8_t* row = codes + size_t(kq) * rb + at0;
-        uint8_t* plane = codes + size_t(kq) * (w / 2) + pa0;
-        for (int t = 0; t < 4; t++) {
-          const int v = u[4 * kq + t];
-          row[t] |= uint8_t(f.code == CODE8 ? v : (v & 15) << shift);
-          for (int p = 0; p < f.code && f.code != CODE8; p++) plane[p * ps] |= uint8_t(((v >> (4 + p)) & 1) << (bit0 + t));
-        }
-      }
+      codes_fn(&r.u[size_t(si) * f.sub], f.sub, codes + at0, rb, codes + pa0, w / 2, ps, shift, bit0);
     }
   }
+}
+
+// Tiles of the segments before segment i (numbering tiles across a product's segments).
+static inline int tile_count_before(const Packed* p, int i) {
+  int n = 0;
+  for (int j = 0; j < i; j++) n += p->segs[j].tiles;
+  return n;
+}
+
+// Where tile t of segment s lies in a product's data, [begin, end) (a segment's last tile to its end).
+static inline std::pair<size_t, size_t> tile_bytes(const Packed* p, const Seg& s, int t) {
+  auto start = [&](int i) {
+    if (i >= s.tiles) return s.offset + s.bytes;
+    return s.offset + (s.dtype == QUANT ? q_tile_offset(q_format(s.type), p->K, i) : size_t(i) * NR * p->K * s.elem());
+  };
+  return {start(t), start(t + 1)};
+}
+
+// Threads packing one product: the CPUs, at most 8, and no more than its tiles (pack time only).
+static inline int pack_threads(const Packed* p) {
+  const int cpus = std::max(1, int(std::thread::hardware_concurrency()));
+  return std::max(1, std::min({cpus, 8, tile_count_before(p, int(p->segs.size()))}));
 }
 
 // Pack the rows of n_parts GGML tensors, stacked (e.g. q, k, v), all [rows[i], K], into one product:
@@ -222,26 +261,41 @@ static Packed* pack_gguf(int n_parts, const void* const* srcs, const int* types,
   p->dtype = bits == 0 ? p->segs[0].dtype : bits <= 4 ? Q4 : bits == 5 ? Q5 : Q8;
   p->qint = int_kernel_for(bits);
   p->group = any6 ? 16 : 32;
-  p->data = std::aligned_alloc(64, p->bytes + 64);
-  std::memset(p->data, 0, p->bytes);  // padded columns: zero codes and scales, a zero weight
-  QRowScratch scratch(K);
-  for (int i = 0, n = 0; i < n_parts; i++) {
-    const Seg& s = p->segs[seg_of_part[i]];
-    const size_t rb = ggml_row_bytes(types[i], K);
-    for (int r = 0; r < rows[i]; r++, n++) {
-      const uint8_t* src = static_cast<const uint8_t*>(srcs[i]) + size_t(r) * rb;
-      const int col = n - s.n0, t = col / NR, c = col % NR, w = s.tile_width(t);
-      uint8_t* base = static_cast<uint8_t*>(p->data) + s.offset;
-      if (s.dtype == QUANT) {
-        const QFormat& f = q_format(s.type);
-        qpack_col(f, src, K, base + q_tile_offset(f, K, t), w, c, scratch);
-      } else {  // float: the stored bits of each weight, [K][w] per tile
-        const size_t e = s.elem();
-        uint8_t* out = base + (size_t(t) * NR * K + c) * e;
-        for (int k = 0; k < K; k++) std::memcpy(out + size_t(k) * w * e, src + size_t(k) * e, e);
+  p->alloc_data(false);  // each tile zeroed by its thread below: padded columns get zero codes and scales
+  // Columns in tiles of NR: tile g (numbered across segments) is thread g % T's, so threads write disjoint bytes.
+  auto work = [&](int tid, int T) {
+    for (int si = 0, g = 0; si < int(p->segs.size()); si++)
+      for (int t = 0; t < p->segs[si].tiles; t++, g++)
+        if (g % T == tid) {
+          const auto [b0, b1] = tile_bytes(p, p->segs[si], t);
+          std::memset(static_cast<uint8_t*>(p->data) + b0, 0, b1 - b0);
+        }
+    QRowScratch scratch(K);
+    for (int i = 0, n = 0; i < n_parts; i++) {
+      const Seg& s = p->segs[seg_of_part[i]];
+      const size_t rb = ggml_row_bytes(types[i], K);
+      const int tiles_before = tile_count_before(p, seg_of_part[i]);
+      for (int r = 0; r < rows[i]; r++, n++) {
+        const int col = n - s.n0, t = col / NR, c = col % NR, w = s.tile_width(t);
+        if ((tiles_before + t) % T != tid) continue;
+        const uint8_t* src = static_cast<const uint8_t*>(srcs[i]) + size_t(r) * rb;
+        uint8_t* base = static_cast<uint8_t*>(p->data) + s.offset;
+        if (s.dtype == QUANT) {
+          const QFormat& f = q_format(s.type);
+          qpack_col(f, src, K, base + q_tile_offset(f, K, t), w, c, scratch);
+        } else {  // float: the stored bits of each weight, [K][w] per tile
+          const size_t e = s.elem();
+          uint8_t* out = base + (size_t(t) * NR * K + c) * e;
+          for (int k = 0; k < K; k++) std::memcpy(out + size_t(k) * w * e, src + size_t(k) * e, e);
+        }
       }
     }
-  }
+  };
+  const int T = pack_threads(p);
+  std::vector<std::thread> threads;
+  for (int tid = 1; tid < T; tid++) threads.emplace_back(work, tid, T);
+  work(0, T);
+  for (std::thread& t : threads) t.join();
   return p;
 }
 
