@@ -21,7 +21,6 @@ import sys
 import torch
 
 from draftgate.engine import DrafterKind, EngineConfig, build_engine
-from draftgate.engine.engine import Engine
 from draftgate.models.native_llama import NativeLlama, profile
 from draftgate.paths import default_cache_dir
 from draftgate.types import SamplingParams
@@ -37,17 +36,22 @@ def main() -> int:
     ap.add_argument("--prompt", default=PROMPT, help="the request's prompt (default: a short story)")
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kernel-level", default=None, help="force a kernel level (default: the CPU's best)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    engine = build_engine(EngineConfig(drafter=DrafterKind(a.drafter), k_max=a.k_max, cache_dir=default_cache_dir()))
+    engine = build_engine(
+        EngineConfig(
+            drafter=DrafterKind(a.drafter), k_max=a.k_max, cache_dir=default_cache_dir(), kernel_level=a.kernel_level
+        )
+    )
     assert isinstance(engine.runner.model, NativeLlama), "this profile is of the native forward"
     lib = engine.runner.model.lib
-    engine.start()
     ids = engine.encode(a.prompt)
     params = SamplingParams(max_new_tokens=a.tokens, ignore_eos=True)
     engine.complete(ids, params)  # warm-up
     rows = []
     for _ in range(a.runs):
+        engine.forget_finished()  # each run drafts from the same memory, not from the last run's answer
         box = {}
 
         def run(box=box) -> None:  # noqa: ANN001
@@ -76,20 +80,18 @@ def main() -> int:
     )
     print(f"| **all overhead** | **{step - nat:.2f}** | **{(step - nat) / nat:.1%}** |")
 
-    # Which Python functions the engine thread spends its time in (cProfile inside the thread).
+    # Which Python functions the engine thread spends its time in (cProfile around each turn).
     prof = cProfile.Profile()
-    loop = Engine._loop
+    turn = engine._turn
 
-    def profiled_loop(self: Engine) -> None:
+    def profiled_turn() -> None:
         prof.enable()
         try:
-            loop(self)
+            turn()
         finally:
             prof.disable()
 
-    engine.shutdown()
-    Engine._loop = profiled_loop  # type: ignore[method-assign]
-    engine.start()
+    engine._turn = profiled_turn  # type: ignore[method-assign]
     engine.complete(ids, params)
     engine.shutdown()
     s = io.StringIO()
