@@ -37,12 +37,17 @@ class FakeVllm:
         self.fail_scores = False
         self.fail_streams = False
         self.flowing = threading.Event()
+        self.ties: set[int] = set()  # positions whose row has a runner-up within 1e-4 of the top
+        self.bonus_tie = False  # the scoring request's own token has a runner-up within 1e-4
+        self.lies: set[int] = set()  # positions whose row says the prompt's token is vLLM's argmax, clearly
+        self.broken_rows: str | None = None  # "list": rows that are not dicts; "vocab": a top-1 outside the vocabulary
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         ids, sp = body["token_ids"], body["sampling_params"]
         if body.get("stream"):
-            assert ids == TEXT[: len(ids)], "a stream must follow the model's own text"
+            # The model's token at position m is TEXT[m] whatever came before (a lie may have put others in).
+            assert self.lies or ids == TEXT[: len(ids)], "a stream must follow the model's own text"
             self.streams += 1
             if self.fail_streams:
                 return httpx.Response(500, json={"error": {"message": "stream broke"}})
@@ -51,14 +56,26 @@ class FakeVllm:
         self.scores += 1
         if self.fail_scores:
             return httpx.Response(500, json={"error": {"message": "scoring broke"}})
-        rows: list[dict[str, dict[str, float]] | None] = [None]
+        rows: list[object] = [None]
         for m in range(1, len(ids)):  # row m: the model's distribution after ids[:m] (off the text: its text's token)
-            want = TEXT[m]
+            want = TEXT[m] if m not in self.lies else ids[m]
             row = {str(want): {"logprob": -0.1, "rank": 1}}
             if ids[m] != want:
                 row[str(ids[m])] = {"logprob": -3.0, "rank": 2}
-            rows.append(row)
-        return httpx.Response(200, json={"choices": [{"token_ids": [TEXT[len(ids)]]}], "prompt_logprobs": rows})
+            if m in self.ties:
+                row[str(V - 1)] = {"logprob": -0.10005, "rank": 2}
+            if self.broken_rows == "vocab":
+                row = {str(V + 5): {"logprob": -0.1, "rank": 1}, str(ids[m]): {"logprob": -3.0, "rank": 2}}
+            rows.append([1, 2] if self.broken_rows == "list" else row)
+        tops = [
+            {"token_id": TEXT[len(ids)], "logprob": -0.1},
+            {"token_id": V - 1, "logprob": -0.1 if self.bonus_tie else -4},
+        ]
+        choice = {
+            "token_ids": [TEXT[len(ids)]],
+            "logprobs": {"content": [{"token_id": TEXT[len(ids)], "top_logprobs": tops}]},
+        }
+        return httpx.Response(200, json={"choices": [choice], "prompt_logprobs": rows})
 
     def _lines(self, out: list[int]) -> Iterator[bytes]:
         for i, t in enumerate(out):
@@ -214,3 +231,70 @@ def test_the_engine_over_the_target_emits_vllms_text_with_lookup_drafts(
     finally:
         engine.shutdown()
     assert finished == ["length"] and done == TEXT[200:240]
+
+
+def test_a_near_tie_is_taken_from_the_stream_and_counted(target: VllmRoundTarget, fake: FakeVllm) -> None:
+    """A row whose top two are closer than the margin is not trusted: vLLM's own decoding gives that position."""
+    s = _opened(target)
+    fake.ties = {14}  # the row that checks the second draft (TEXT[14])
+    fake.flowing.set()
+    r = _round(target, s, TEXT[13:17])
+    assert r.error is None and s.output == TEXT[12 : 12 + len(s.output)]
+    assert target.counts()["near_ties"] == 1
+
+
+def test_a_near_tie_on_the_bonus_token_drops_the_bonus(target: VllmRoundTarget, fake: FakeVllm) -> None:
+    s = _opened(target)
+    fake.bonus_tie = True
+    r = _round(target, s, TEXT[13:17])
+    assert r.error is None and r.accepted == 4 and r.emitted == TEXT[13:17]  # the drafts, no bonus token
+    assert target.counts()["near_ties"] == 1
+
+
+@pytest.mark.parametrize("broken", ["list", "vocab"])
+def test_any_exception_in_a_round_is_a_fallback_round_not_a_failed_batch(
+    target: VllmRoundTarget, fake: FakeVllm, broken: str
+) -> None:
+    """Rows that are not dicts, or a top-1 outside the vocabulary: the round emits the stream's token; the
+    other sequence of the same batch goes on."""
+    a, b = _opened(target), _opened(target)
+    fake.broken_rows = broken
+    fake.flowing.set()
+    ra, rb = Round(a, 16, draft=Draft(TEXT[13:17], context=8)), Round(b, 16)
+    target.run([ra, rb])
+    assert ra.error is None and ra.fallback and ra.emitted and ra.emitted == TEXT[13 : 13 + len(ra.emitted)]
+    assert rb.error is None and rb.emitted == TEXT[13:14]
+
+
+def test_every_wrong_token_a_lying_server_gets_out_is_counted(target: VllmRoundTarget, fake: FakeVllm) -> None:
+    """A scoring answer that vouches for wrong drafts (a fault, as a proxy in front of vLLM injects) gets them
+    emitted; each one is counted, as contradicted (the stream later sent otherwise) or as unconfirmed (no
+    stream reached it), and logged when contradicted."""
+    s = _opened(target)
+    fake.lies = {14, 15}
+    r = _round(target, s, [TEXT[13], 5, 6])  # two wrong drafts that the lie accepts
+    assert r.error is None and r.emitted[:3] == [TEXT[13], 5, 6]
+    fake.flowing.set()
+    for _ in range(4):
+        assert _round(target, s, []).error is None
+    wrong = sum(a != b for a, b in zip(s.output, TEXT[12:], strict=False))
+    c = target.counts()
+    assert wrong >= 2 and c["contradicted"] + c["unconfirmed"] >= 2
+
+
+def test_a_contradiction_by_the_stream_is_counted_and_logged(
+    target: VllmRoundTarget, fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the stream is kept (opening a new one costs more than waiting), it later sends vLLM's own
+    tokens where the lie put others: counted as contradicted, logged, and the sequence goes on."""
+    s = _opened(target)
+    target.pricer.observe_gap(0.001)  # a plain token costs 1 ms, a new stream 1 s: the round keeps the stream
+    target.pricer.observe_open(1.0)
+    fake.lies = {14}
+    r = _round(target, s, [TEXT[13], 5])
+    assert r.emitted[:2] == [TEXT[13], 5]
+    fake.flowing.set()
+    with caplog.at_level("WARNING", logger="draftgate.vllm_rounds"):
+        assert _round(target, s, []).error is None
+    assert target.counts()["contradicted"] >= 1
+    assert any("contradicts" in m for m in caplog.messages)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from draftgate.server.targets.vllm_wire import GarbageRow, RowError, Scored, read_row, sampling_body, top1
+from draftgate.server.targets.vllm_wire import GarbageRow, RowError, Scored, margin, read_row, sampling_body, top1
 from draftgate.types import SamplingParams
 
 Row = dict[int, tuple[float, int]]
@@ -47,11 +47,19 @@ def test_row_past_the_cached_prefix_is_read() -> None:
 
 
 @pytest.mark.parametrize("token", [7, 0])
-def test_zero_filled_row_is_not_computed(token: int) -> None:
+@pytest.mark.parametrize("rank", [1, 2])  # the last top-k rank vLLM writes over the zeroed token: 1 or 2 asked
+def test_zero_filled_row_is_not_computed(token: int, rank: int) -> None:
     ids = [5, token, 9]
     with pytest.raises(RowError) as e:
-        _at({0: (0.0, 1)}, m=1, ids=ids)
+        _at({0: (0.0, rank)}, m=1, ids=ids)
     assert not isinstance(e.value, GarbageRow)
+
+
+def test_margin_is_the_lead_of_the_top1_over_the_runner_up() -> None:
+    assert margin({4: (-0.2, 1), 9: (-0.7, 2)}) == pytest.approx(0.5)
+    assert margin({4: (-0.2, 1), 9: (-0.2, 2)}) == 0.0  # a tie: vLLM still ranks one of them first
+    assert margin({4: (-0.2, 1), 9: (-2.5, 3), 5: (-0.9, 2)}) == pytest.approx(0.7)  # the own token listed too
+    assert margin({4: (-0.2, 1)}) == math.inf
 
 
 @pytest.mark.parametrize("cached,m", [(2, 1), (2, 2), (1, 1), (0, 0)])

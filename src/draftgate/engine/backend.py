@@ -112,6 +112,11 @@ class Backend:
     def kv_stats(self) -> dict[str, int]:
         return {}
 
+    def verification_counts(self) -> dict[str, int]:
+        """Counts a target that verifies on another server keeps (near ties, contradicted and unconfirmed
+        tokens: ``server.targets.vllm_target``); {} for one whose verification is exact in process."""
+        return {}
+
     # ---------------------------------------------------------------- written once
 
     def encode(self, prompt: str | Sequence[Message], raw: bool = False) -> list[int]:

@@ -103,11 +103,14 @@ def verify_choices(
 
     ``choices[j]`` is the target's greedy token after history + drafts[:j] (known up to the first
     mismatch at least); ``after`` its token after all the drafts (None: not known; only read when
-    every draft matched). The rule is ``verify.verify_round``'s, on logits 0 at each choice.
+    every draft matched: then the drafts alone are emitted). The rule is ``verify.verify_round``'s, on
+    logits 0 at each choice.
     """
     k = len(choices)
     logits = torch.full((k + 1, vocab_size), float("-inf"))  # [k+1, V]
     logits[torch.arange(k), torch.tensor(list(choices), dtype=torch.long)] = 0.0
     logits[k, after if after is not None else 0] = 0.0
     out = verify_round(logits, [RoundDraft(list(drafts[:k]), 0.0, 0, 1.0, None)])
+    if after is None and out.accepted[0] == k:
+        return out.emitted[0][:k], k  # no bonus token is known: none is made up
     return out.emitted[0], out.accepted[0]

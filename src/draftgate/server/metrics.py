@@ -2,7 +2,8 @@
 
 Speculation counts come from the request's ``SpecStats`` (collected once, by the
 engine) when the request ends; latencies are measured here, at the edge; gauges
-(KV blocks, queue, the speculation switch) are read from the back ends on scrape.
+(KV blocks, queue, the speculation switch) and a vLLM round route's verification counts (near
+ties, contradicted and unconfirmed tokens) are read from the back ends on scrape.
 Each app has its own ``CollectorRegistry``: no module-level state.
 
 ``spec_decode_num_drafts`` counts verification rounds (``SpecStats.rounds``), so
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from draftgate.server.routes import Route, RouteTable
@@ -26,6 +27,12 @@ __all__ = ["ServerMetrics", "RequestTrace"]
 
 P = "draftgate:"
 ROUTE = ["model_name"]
+# What a route verifying on a vLLM server could not settle in its rounds (Backend.verification_counts).
+VERIFICATION_COUNTS = (
+    ("near_ties", "near_ties", "Draft positions whose scored argmax led by less than the margin: vLLM's token taken."),
+    ("contradicted", "contradicted_tokens", "Emitted tokens vLLM's own decoding later chose otherwise (logged)."),
+    ("unconfirmed", "unconfirmed_tokens", "Tokens emitted on a scoring pass's evidence that no stream reached."),
+)
 _TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -106,14 +113,20 @@ class _RouteGauges(Collector):
         spec = GaugeMetricFamily(P + "speculation_enabled", "1 if the route decodes speculatively.", labels=ROUTE)
         running = GaugeMetricFamily(P + "num_requests_running", "Requests in the running batch.", labels=ROUTE)
         waiting = GaugeMetricFamily(P + "num_requests_waiting", "Requests queued for admission.", labels=ROUTE)
+        checks = {
+            name: CounterMetricFamily(P + "vllm_rounds_" + metric, text, labels=ROUTE)
+            for name, metric, text in VERIFICATION_COUNTS
+        }
         for r in self._routes:
+            for name, n in r.engine.verification_counts().items():
+                checks[name].add_metric([r.name], n)
             kv = r.engine.kv_stats()
             used.add_metric([r.name], kv.get("used_blocks", 0))
             free.add_metric([r.name], kv.get("free_blocks", 0))
             spec.add_metric([r.name], 1.0 if r.speculative else 0.0)
             running.add_metric([r.name], r.engine.num_running)
             waiting.add_metric([r.name], r.engine.num_waiting)
-        yield from (used, free, spec, running, waiting)
+        yield from (used, free, spec, running, waiting, *checks.values())
 
 
 class ServerMetrics:

@@ -260,6 +260,32 @@ def test_a_failed_scoring_round_costs_no_token(gateway: Gateway, reference: dict
     _assert_released(gateway.backend("faulty"))
 
 
+def test_a_lying_server_gets_wrong_tokens_out_only_counted(gateway: Gateway, reference: dict[str, str]) -> None:
+    """Scoring answers that vouch for every draft (the proxy lies): the drafts go out as verified, vLLM's own
+    stream then contradicts them or never reaches them, and every such token is counted (the route's metrics),
+    a contradiction logged. With the lie gone the route gives vLLM's own output again."""
+    f = gateway.faults
+    f.clear()
+    before = gateway.backend("faulty").verification_counts()
+    f.scoring = "lie"
+    try:
+        out = gateway.chat("faulty", PROMPTS[0])
+    finally:
+        f.scoring = None
+    after = gateway.backend("faulty").verification_counts()
+    counted = sum(after[k] - before[k] for k in ("contradicted", "unconfirmed"))
+    assert f.hits >= 1 and out.model_extra["speculative"]["accepted_tokens"] >= 1
+    if out.choices[0].message.content != reference[PROMPTS[0]]:
+        assert counted >= 1  # a lie that changed the output was counted
+    total = sum(
+        gateway.metric(f"draftgate:vllm_rounds_{m}_total", "faulty")
+        for m in ("contradicted_tokens", "unconfirmed_tokens")
+    )
+    assert total >= counted
+    _assert_released(gateway.backend("faulty"))
+    assert gateway.chat("faulty", PROMPTS[0]).choices[0].message.content == reference[PROMPTS[0]]
+
+
 def test_a_late_scoring_round_times_out_and_decodes_plainly(
     proxy: tuple[str, Faults], reference: dict[str, str]
 ) -> None:

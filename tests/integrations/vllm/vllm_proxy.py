@@ -2,7 +2,8 @@
 
 It forwards every request to the upstream vLLM unchanged, streams included, unless told to
 fail: scoring requests (``prompt_logprobs`` on the token route) answered 400, with garbage rows,
-or late; streams cut mid-way and every later request refused (vLLM killed, as the gateway sees it).
+late, or lying (every row vouching for the token it checks, clearly: drafts the server would reject
+get verified); streams cut mid-way and every later request refused (vLLM killed, as the gateway sees it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 @dataclass
 class Faults:
-    scoring: str | None = None  # "400" | "garbage" | "slow": what scoring requests get
+    scoring: str | None = None  # "400" | "garbage" | "slow" | "lie": what scoring requests get
     delay_s: float = 5.0  # "slow": how late
     dead: bool = False  # every stream is cut and every new request refused
     hits: int = 0  # scoring requests that got the fault
@@ -31,6 +32,16 @@ class Faults:
 def _garbage(content: bytes) -> bytes:
     obj = json.loads(content)
     obj["prompt_logprobs"] = [None if r is None else {"7": {"logprob": 0.5, "rank": 1}} for r in obj["prompt_logprobs"]]
+    return json.dumps(obj).encode()
+
+
+def _lie(content: bytes, token_ids: list[int]) -> bytes:
+    """Every row says its own prompt token is the argmax, 5 nats ahead of the runner-up."""
+    obj = json.loads(content)
+    obj["prompt_logprobs"] = [
+        None if r is None else {str(t): {"logprob": -0.01, "rank": 1}, str(t + 1): {"logprob": -5.01, "rank": 2}}
+        for r, t in zip(obj["prompt_logprobs"], token_ids, strict=True)
+    ]
     return json.dumps(obj).encode()
 
 
@@ -76,6 +87,9 @@ def proxy_app(upstream: str, faults: Faults) -> FastAPI:
         if scoring and faults.scoring == "garbage" and r.status_code == 200:
             faults.hits += 1
             content = _garbage(content)
+        if scoring and faults.scoring == "lie" and r.status_code == 200:
+            faults.hits += 1
+            content = _lie(content, obj["token_ids"])
         return Response(content, status_code=r.status_code, media_type=r.headers.get("content-type"))
 
     return app

@@ -5,7 +5,13 @@ as the route's tokenizer) and reads what decides the mode: a server running Draf
 (speculative-decoding metrics) drafts and verifies itself (``vllm_plugin``); one started with
 ``--enable-scale-out`` serves the token route the gateway's rounds score through
 (``vllm_target``). ``check_rows`` proves, once, that the server reports rows inside its prefix
-cache in a way the rounds can tell apart from computed ones.
+cache in a way the rounds can tell apart from computed ones; ``check_numerics`` measures how far a
+scoring pass and vLLM's decode steps disagree on this server, which sets the margin a scored
+argmax needs to count as vLLM's choice.
+
+vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``) would make the two agree bitwise, but in
+the releases this was checked against it changes kernels on CUDA (and XPU) only; the measured margin
+covers any server, invariant or not.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import httpx
 
 from draftgate.errors import DraftGateError
 from draftgate.models.tokenizer import TextTokenizer
+from draftgate.server.targets.vllm_target import MIN_MARGIN
 from draftgate.server.targets.vllm_wire import GENERATE, GarbageRow, RowError, VllmWire, WireError, read_row
 
-__all__ = ["ServerFacts", "VllmTargetError", "connect", "check_rows", "SPEC_METRIC", "PROBE"]
+__all__ = ["ServerFacts", "VllmTargetError", "connect", "check_rows", "check_numerics", "SPEC_METRIC", "PROBE"]
 
 log = logging.getLogger("draftgate.vllm_checks")
 
 SPEC_METRIC = "vllm:spec_decode_num_draft_tokens_total"
+NUMERICS_TOKENS = 32  # decode steps the numerics check compares with one scoring pass
+MARGIN_FACTOR = 20.0  # the margin: this many times the largest difference seen
 PROBE = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Grüße, 世界! def f(x): return x**2"},
@@ -112,3 +121,51 @@ def check_rows(wire: VllmWire, tokenizer: TextTokenizer) -> None:
         "start it with --enable-prefix-caching",
         wire.url,
     )
+
+
+def check_numerics(wire: VllmWire, tokenizer: TextTokenizer) -> float:
+    """The margin for this server: MARGIN_FACTOR times the largest difference between a decode step's
+    log-probability of its token and a scoring pass's of the same token, at least MIN_MARGIN.
+
+    vLLM decodes NUMERICS_TOKENS greedy tokens after the probe prompt (reporting each one's
+    log-probability), then one scoring request under a fresh cache salt reads the same positions.
+    A decode step whose argmax the scoring pass does not share refuses the server: the rounds would
+    verify against a different model than the one that decodes."""
+    ids = tokenizer.encode_chat(PROBE)
+    sp = {"max_tokens": NUMERICS_TOKENS, "temperature": 0.0, "logprobs": 1, "ignore_eos": True, "detokenize": False}
+    try:
+        r = wire.client.post(
+            wire.url, json={"model": wire.model, "token_ids": ids, "sampling_params": sp}, timeout=60.0
+        )
+        if r.status_code != 200:
+            raise WireError(f"HTTP {r.status_code}")
+        choice = r.json()["choices"][0]
+        out = [int(t) for t in choice["token_ids"]]
+        decoded = [float(c["logprob"]) for c in choice["logprobs"]["content"]]
+        scored = wire.score(ids + out, secrets.token_urlsafe(16), from_row=len(ids), timeout_s=60.0)
+    except (WireError, httpx.HTTPError, KeyError, TypeError, ValueError) as e:
+        raise VllmTargetError(
+            f"vLLM at {wire.url} refused the numerics check ({e}); the gateway's rounds need log-probabilities "
+            "(--max-logprobs >= 2)"
+        ) from None
+    worst = 0.0
+    for j, (tok, lp) in enumerate(zip(out, decoded, strict=True)):
+        try:
+            row = read_row(scored, ids + out, len(ids) + j)
+        except RowError:
+            continue
+        entry = row.get(tok)
+        if entry is None or (entry[1] != 1 and entry[0] < max(v for v, _ in row.values())):
+            raise VllmTargetError(
+                f"vLLM at {wire.url} decodes token {tok} where its own scoring pass ranks another first: the "
+                "rounds cannot verify against this server"
+            )
+        worst = max(worst, abs(entry[0] - lp))
+    m = max(MIN_MARGIN, MARGIN_FACTOR * worst)
+    log.info(
+        "vLLM at %s: a scoring pass and decode steps differ by up to %.2g in log-probability; near-tie margin %.3g",
+        wire.url,
+        worst,
+        m,
+    )
+    return m

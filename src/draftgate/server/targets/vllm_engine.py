@@ -16,7 +16,7 @@ import httpx
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Engine, Sink
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, check_rows
+from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, check_numerics, check_rows
 from draftgate.server.targets.vllm_target import VllmRoundTarget
 from draftgate.server.targets.vllm_wire import VllmWire
 from draftgate.types import SamplingParams
@@ -48,7 +48,8 @@ class VllmTargetEngine(Engine):
             )
         self.wire = VllmWire(url, client, facts.model, timeout_s)
         check_rows(self.wire, tokenizer)
-        self.rounds_target = VllmRoundTarget(self.wire, tokenizer, facts.max_context, max_concurrent)
+        margin = check_numerics(self.wire, tokenizer)
+        self.rounds_target = VllmRoundTarget(self.wire, tokenizer, facts.max_context, max_concurrent, margin=margin)
         super().__init__(
             self.rounds_target,
             drafter,
@@ -63,6 +64,9 @@ class VllmTargetEngine(Engine):
     ) -> Callable[[], None]:
         # Sampled requests: vLLM's own sampling, start to end (one stream; nothing drafted or verified here).
         return super().submit(prompt_ids, params, sink, speculate and params.greedy)
+
+    def verification_counts(self) -> dict[str, int]:
+        return self.rounds_target.counts()
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -3,13 +3,15 @@
 The wire under the gateway's vLLM round target (``vllm_target.VllmRoundTarget``): token ids in,
 token ids out, no text anywhere. Two calls:
 
-* ``score``: one request over ``history + drafts`` with ``max_tokens: 1``, ``prompt_logprobs: 1``
-  and ``skip_reading_prefix_cache: false`` (the prefix cache is read, so only the rows past the
-  cached prefix are computed). Row m of ``prompt_logprobs`` is the distribution that predicts
-  prompt token m: the token's own log-probability and rank, and the top-1. Rows inside the
-  cached prefix are not computed: vLLM reports them zero-filled (with DraftGate's plugin, or a
+* ``score``: one request over ``history + drafts`` with ``max_tokens: 1``, ``prompt_logprobs: 2``,
+  ``logprobs: 2`` and ``skip_reading_prefix_cache: false`` (the prefix cache is read, so only the
+  rows past the cached prefix are computed). Row m of ``prompt_logprobs`` is the distribution that
+  predicts prompt token m: the token's own log-probability and rank, and the top two. Rows inside
+  the cached prefix are not computed: vLLM reports them zero-filled (with DraftGate's plugin, or a
   vLLM that has the fix) and, with ``--enable-prompt-tokens-details``, says how many tokens it
-  found cached. ``read_row`` accepts a row only when it is provably computed and well formed.
+  found cached. ``read_row`` accepts a row only when it is provably computed and well formed;
+  ``margin`` is how far its top-1 leads the runner-up (the round trusts a row's argmax only past
+  a margin: a scoring pass and a decode step round differently).
 * ``stream``: plain decoding from a history, streamed token by token (``VllmStream``); closing it
   disconnects, and vLLM aborts the request.
 
@@ -40,9 +42,11 @@ __all__ = [
     "RowError",
     "GarbageRow",
     "WireError",
+    "StreamError",
     "error_message",
     "read_row",
     "top1",
+    "margin",
 ]
 
 GENERATE = "/inference/v1/generate"
@@ -54,6 +58,10 @@ class WireError(DraftGateError, RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class StreamError(WireError):
+    """A plain stream failed, stalled or ended early: the sequence cannot go on (no fallback is left)."""
 
 
 class RowError(WireError):
@@ -71,17 +79,18 @@ class Scored:
     rows: list[dict[int, tuple[float, int]] | None]  # per prompt position: token -> (logprob, rank)
     token: int  # the token vLLM chose after the whole prompt (greedy: its argmax)
     cached: int | None  # prompt tokens vLLM found in its prefix cache (None: not reported)
+    token_margin: float = math.inf  # how far ``token`` led the runner-up in its distribution (inf: not reported)
 
 
 def read_row(s: Scored, token_ids: Sequence[int], m: int) -> dict[int, tuple[float, int]]:
     """Row m (the distribution that predicts token_ids[m]) if it is computed and well formed, else RowError.
 
     Computed: past the cached prefix when vLLM reports it (rows ``cached + 1`` on), and never the
-    zero-fill a cached row gets ({0: (0.0, 1)} for a token other than 0; for token 0 that shape
+    zero-fill a cached row gets ({0: (0.0, rank)} for a token other than 0; for token 0 that shape
     is ambiguous and is refused too): else RowError. Well formed: it holds token_ids[m] with a
-    rank, exactly one rank-1 entry (a tie at the top is refused: which token vLLM's argmax takes
-    is not known), finite log-probabilities <= 0, the own token no more likely than the top-1:
-    else GarbageRow.
+    rank, exactly one rank-1 entry, finite log-probabilities <= 0, the own token no more likely
+    than the top-1: else GarbageRow. (vLLM ranks the top entries by position, so a tie at the top
+    still shows one rank-1 entry: ``margin`` is what tells a tie.)
     """
     if s.cached is not None and m < s.cached + 1:
         raise RowError(f"row {m} lies in the cached prefix ({s.cached} tokens): not computed")
@@ -89,7 +98,7 @@ def read_row(s: Scored, token_ids: Sequence[int], m: int) -> dict[int, tuple[flo
         raise RowError(f"row {m} missing from the answer ({len(s.rows)} rows)")
     row = s.rows[m]
     assert row is not None
-    if set(row) == {0} and row[0] == (0.0, 1):
+    if set(row) == {0} and row[0][0] == 0.0:  # zeroed buffers: token 0 at log-probability 0 (its rank by k)
         raise RowError(f"row {m} is zero-filled: vLLM did not compute it (cached)")
     own = row.get(int(token_ids[m]))
     if own is None or own[1] < 1:
@@ -105,6 +114,25 @@ def read_row(s: Scored, token_ids: Sequence[int], m: int) -> dict[int, tuple[flo
 def top1(row: dict[int, tuple[float, int]]) -> int:
     """The row's rank-1 token (read_row checked there is exactly one)."""
     return next(t for t, (_, rank) in row.items() if rank == 1)
+
+
+def margin(row: dict[int, tuple[float, int]]) -> float:
+    """How far the row's top-1 leads the best other token it lists (0 for a tie; inf: none listed).
+
+    A scoring request asks for the top two, so the runner-up is listed unless it merged with the own
+    token (listed anyway) or the vocabulary has one token."""
+    lps = sorted((lp for lp, _ in row.values()), reverse=True)
+    return lps[0] - lps[1] if len(lps) > 1 else math.inf
+
+
+def _token_margin(choice: dict[str, Any]) -> float:
+    """The margin of the token a scoring request generated, from its ``logprobs`` (inf: not reported)."""
+    content = ((choice.get("logprobs") or {}).get("content")) or []
+    if not content:
+        return math.inf
+    tops = {int(c["token_id"]): float(c["logprob"]) for c in content[0].get("top_logprobs") or []}
+    lps = sorted(tops.values(), reverse=True)
+    return lps[0] - lps[1] if len(lps) > 1 else math.inf
 
 
 def _parse_rows(raw: object, first: int) -> list[dict[int, tuple[float, int]] | None]:
@@ -210,9 +238,9 @@ class VllmStream:
             if len(self.tokens) >= count:
                 return list(self.tokens)
             if self.error is not None:
-                raise WireError(f"vLLM's stream failed: {self.error}")
+                raise StreamError(f"vLLM's stream failed: {self.error}")
             if not self.finished:
-                raise WireError(f"vLLM sent no token for {timeout_s:.0f} s")
+                raise StreamError(f"vLLM sent no token for {timeout_s:.0f} s")
             return list(self.tokens)
 
     def snapshot(self) -> list[int]:
@@ -240,18 +268,21 @@ class VllmWire:
         self.model = model
         self.timeout_s = timeout_s
 
-    def score(self, token_ids: Sequence[int], salt: str | None, from_row: int = 0) -> Scored:
+    def score(
+        self, token_ids: Sequence[int], salt: str | None, from_row: int = 0, timeout_s: float | None = None
+    ) -> Scored:
         """One scoring request over token_ids (the prefix cache read; rows past it computed).
 
         Only rows from ``from_row`` on are parsed: vLLM answers one per prompt token, the round
-        reads those of its drafts."""
+        reads those of its drafts. ``timeout_s``: this request's (default: the wire's)."""
         body: dict[str, Any] = {
             "model": self.model,
             "token_ids": list(token_ids),
             "sampling_params": {
                 "max_tokens": 1,
                 "temperature": 0.0,
-                "prompt_logprobs": 1,
+                "prompt_logprobs": 2,
+                "logprobs": 2,
                 "detokenize": False,
                 "skip_reading_prefix_cache": False,
                 "ignore_eos": True,
@@ -259,18 +290,18 @@ class VllmWire:
         }
         if salt is not None:
             body["cache_salt"] = salt
-        r = self.client.post(self.url, json=body, timeout=self.timeout_s)
+        r = self.client.post(self.url, json=body, timeout=timeout_s or self.timeout_s)
         if r.status_code != 200:
             raise WireError(f"vLLM answered HTTP {r.status_code}: {error_message(r.text)}", r.status_code)
         try:
             obj = r.json()
-            (tok,) = obj["choices"][0]["token_ids"]
+            choice = obj["choices"][0]
+            (tok,) = choice["token_ids"]
             details = (obj.get("usage") or {}).get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens")
-            return Scored(
-                _parse_rows(obj.get("prompt_logprobs"), from_row), int(tok), int(cached) if cached is not None else None
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as e:
+            rows = _parse_rows(obj.get("prompt_logprobs"), from_row)
+            return Scored(rows, int(tok), int(cached) if cached is not None else None, _token_margin(choice))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
             raise WireError(f"vLLM's answer is malformed: {type(e).__name__}: {e}") from None
 
     def stream(self, token_ids: Sequence[int], params: SamplingParams, max_tokens: int, salt: str | None) -> VllmStream:
