@@ -61,9 +61,9 @@ def _empty_by_source_cpu(n: int, m: int) -> _Buffers:
     return fake_empty(n, m)
 
 
-def _sourceless(src: str, name: str) -> Callable[..., object]:
+def _sourceless(src: str, name: str, **names: object) -> Callable[..., object]:
     """A function whose source cannot be found (compiled from a string): an unknown layout."""
-    ns: dict[str, object] = {"torch": torch, "_buffers": _buffers}
+    ns: dict[str, object] = {"torch": torch, "_buffers": _buffers, **names}
     exec(compile(src, "<generated>", "exec"), ns)
     return ns[name]  # type: ignore[return-value]
 
@@ -72,17 +72,35 @@ def _ensure_int64(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int64)
 
 
+def _schema(replace_from: object, replace_to: object) -> None:
+    """The C++ op's schema: replace values are ints (a float raises, as ``torch.ops._C.expand_kernel_impl`` does)."""
+    if not (isinstance(replace_from, int) and isinstance(replace_to, int)):
+        raise RuntimeError("_C::expand_kernel_impl() Expected a value of type 'int' for argument 'replace_from'")
+
+
 def broken_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
     """vLLM 0.32's CPU fallback: the kernel writes an int64 copy, the float output stays unwritten."""
+    _schema(replace_from, replace_to)
     out = _ensure_int64(output)
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
     out[: int(counts.sum())] = torch.repeat_interleave(input_val, counts).to(torch.int64)
 
 
 def good_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+    _schema(replace_from, replace_to)
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
     vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
     output[: int(counts.sum())] = torch.repeat_interleave(vals, counts).to(output.dtype)
+
+
+class _FuncWrapper:
+    """vLLM 0.30's ``cpu_triton_utils._FuncWrapper``: a kernel stand-in whose ``[grid]`` gives the function."""
+
+    def __init__(self, func: Callable[..., object] | None) -> None:
+        self.func = func
+
+    def __getitem__(self, grid: object) -> Callable[..., object] | None:
+        return self.func
 
 
 class FakeVllm:
@@ -105,8 +123,13 @@ class FakeVllm:
         self._module("vllm.v1.outputs").LogprobsTensors = tensors  # type: ignore[attr-defined]
         return tensors
 
-    def expand(self, impl: Callable[..., object] | None) -> types.ModuleType:
-        """``vllm.utils`` with ``cpu_triton_utils._expand_kernel_impl`` (None: a build without the module)."""
+    def expand(self, impl: Callable[..., object] | None, layout: str = "dispatcher") -> types.ModuleType:
+        """``vllm.utils`` with ``cpu_triton_utils._expand_kernel_impl`` (None: a build without the module).
+
+        ``layout``: how vLLM reaches it. "dispatcher" (0.31, 0.32): a kernel dispatcher that reads the
+        attribute when the worker registers its kernels (``registered``: it did so already, before the
+        plugin); "wrapper" (0.30): ``cpu_triton_utils.expand_kernel`` wraps the function at import;
+        "unknown": neither."""
         utils = self._module("vllm.utils")
         platforms = self._module("vllm.platforms")
 
@@ -122,6 +145,18 @@ class FakeVllm:
             cpu_tl._expand_kernel_impl = impl  # type: ignore[attr-defined]
             utils.cpu_triton_utils = cpu_tl  # type: ignore[attr-defined]
             self.mp.setitem(sys.modules, cpu_tl.__name__, cpu_tl)
+        self.registrations: list[dict[str, object]] = []
+        if layout == "wrapper":
+            cpu_tl.expand_kernel = _FuncWrapper(impl)  # type: ignore[attr-defined]
+        if layout in ("dispatcher", "registered"):
+            self._module("vllm.triton_utils")
+            dispatcher = self._module("vllm.triton_utils.dispatcher")
+            dispatcher._registry = {}  # type: ignore[attr-defined]
+            if layout == "registered":
+                dispatcher._registry[plugin.EXPAND_KERNEL] = (object(), impl)  # type: ignore[attr-defined]
+            dispatcher.register_kernels = self.registrations.append  # type: ignore[attr-defined]
+        else:
+            self.mp.setitem(sys.modules, "vllm.triton_utils", None)  # importing it fails
         return cpu_tl
 
 
@@ -207,12 +242,57 @@ def test_an_expand_that_writes_floats_is_left_alone(fake: FakeVllm, caplog: pyte
     assert "no DraftGate repair needed" in _messages(caplog)
 
 
-@pytest.mark.parametrize(("impl", "replaced"), [(broken_expand, True), (good_expand, False)])
-def test_without_cpu_kernels_the_source_decides(fake: FakeVllm, impl: Callable[..., None], replaced: bool) -> None:
-    fake.kernels_load = False  # the probe cannot run: the source's int64 copy of the output decides
+@pytest.mark.parametrize("impl", [broken_expand, good_expand])
+def test_without_cpu_kernels_nothing_is_patched_and_a_warning_says_so(
+    fake: FakeVllm, impl: Callable[..., None], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.kernels_load = False  # the probe cannot run: vLLM is left as it is, whatever its source says
     cpu_tl = fake.expand(impl)
-    assert plugin.repair_cpu_expand() is replaced
-    assert (cpu_tl._expand_kernel_impl is not impl) is replaced
+    assert plugin.repair_cpu_expand() is False
+    assert cpu_tl._expand_kernel_impl is impl
+    assert "could not be probed" in _messages(caplog)
+
+
+def test_the_probe_calls_the_kernel_as_vllm_does(fake: FakeVllm) -> None:
+    """A kernel whose schema takes integer replace values and whose source says nothing: only a probe
+    with integers finds it leaves float outputs unwritten."""
+    strict = _sourceless(
+        "def impl(output, input_val, cu, replace_from, replace_to, MAX_NUM_TOKENS=None):\n"
+        "    _schema(replace_from, replace_to)\n"
+        "    counts = torch.diff(cu.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))\n"
+        "    if not output.dtype.is_floating_point:\n"
+        "        output[: int(counts.sum())] = torch.repeat_interleave(input_val, counts).to(output.dtype)\n",
+        "impl",
+        _schema=_schema,
+    )
+    cpu_tl = fake.expand(strict)
+    assert plugin.repair_cpu_expand() is True
+    assert cpu_tl._expand_kernel_impl is not strict
+
+
+def test_a_kernel_bound_at_import_is_repaired_through_its_wrapper(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpu_tl = fake.expand(broken_expand, layout="wrapper")  # vLLM 0.30
+    assert plugin.repair_cpu_expand() is True
+    fixed = cpu_tl._expand_kernel_impl
+    assert cpu_tl.expand_kernel[(1,)] is fixed  # what the CPU model runner installs calls the repair
+    assert "kernel wrapper" in _messages(caplog)
+
+
+def test_a_kernel_already_registered_is_registered_again(fake: FakeVllm) -> None:
+    cpu_tl = fake.expand(broken_expand, layout="registered")
+    assert plugin.repair_cpu_expand() is True
+    assert fake.registrations == [{plugin.EXPAND_KERNEL: cpu_tl._expand_kernel_impl}]
+
+
+def test_a_kernel_reached_in_an_unknown_way_is_left_alone_with_a_warning(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpu_tl = fake.expand(broken_expand, layout="unknown")
+    assert plugin.repair_cpu_expand() is False
+    assert cpu_tl._expand_kernel_impl is broken_expand  # the attribute swap undone: it would reach nothing
+    assert "does not know" in _messages(caplog)
 
 
 def test_an_expand_that_can_neither_run_nor_be_read_is_left_alone(fake: FakeVllm) -> None:

@@ -23,7 +23,8 @@ one:
    garbage temperatures and top-p, and emit tokens vLLM's plain sampling never does (its own
    ``ngram`` method as much as DraftGate's proposer). Greedy requests never read these values.
    The repair fills the output in place (``repeat_interleave``); whether to patch is decided
-   by behaviour (a probe with a float output) and logged once per process.
+   by behaviour (the kernel called as vLLM calls it, on an integer and a float output) and
+   logged once per process; where the probe cannot run, nothing is patched and a warning says so.
 
 The proposer class itself (`draftgate.integrations.vllm.Proposer`) needs no plugin to load:
 installed into vLLM's environment, its module path is importable.
@@ -132,7 +133,16 @@ def repair_cpu_expand() -> bool:
     if getattr(current, _PATCHED, False):
         return True
     version = getattr(vllm, "__version__", "?")
-    if _expands_floats(current):
+    writes = _expands_floats(current)
+    if writes is None:
+        log.warning(
+            "vLLM %s: its CPU expand kernel could not be probed (no C++ kernels here, or an unknown layout); left "
+            "as it is: if it leaves float outputs unwritten, sampled requests with drafts are verified at wrong "
+            "temperatures and top-p (greedy requests are unaffected)",
+            version,
+        )
+        return False
+    if writes:
         log.info("vLLM %s expands float sampling parameters correctly on CPU: no DraftGate repair needed", version)
         return False
 
@@ -146,19 +156,60 @@ def repair_cpu_expand() -> bool:
 
     setattr(_expand_kernel_impl, _PATCHED, True)
     cpu_tl._expand_kernel_impl = _expand_kernel_impl
+    how = _reach_vllm(cpu_tl, current, _expand_kernel_impl)
+    if how is None:
+        cpu_tl._expand_kernel_impl = current
+        log.warning(
+            "vLLM %s leaves the CPU rejection sampler's per-draft temperature and top-p unwritten, but binds its "
+            "expand kernel in a way DraftGate does not know: left as it is (sampled requests with drafts are not "
+            "exact on this build; greedy requests are unaffected)",
+            version,
+        )
+        return False
     log.info(
         "vLLM %s leaves the CPU rejection sampler's per-draft temperature and top-p unwritten; DraftGate repairs "
-        "its expand kernel (sampled requests with drafts are exact again)",
+        "its expand kernel through %s (sampled requests with drafts are exact again)",
         version,
+        how,
     )
     return True
 
 
-def _expands_floats(impl: object) -> bool:
-    """Whether ``impl`` writes a float output: [0.5 | 0.25, 0.25] from two requests with 1 and 2 drafts.
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
-    The C++ kernels are loaded the platform's way (the library that matches this CPU's ISA); where
-    they cannot run, the function's source decides (it converts its output to int64).
+
+def _reach_vllm(cpu_tl: object, original: object, fixed: object) -> str | None:
+    """How the repaired function reaches vLLM's rejection sampler (None: no way this plugin knows).
+
+    vLLM 0.30 wraps the function at import (``cpu_triton_utils.expand_kernel``, a wrapper the CPU
+    model runner installs later): the wrapper is pointed at the repair. vLLM 0.31 and 0.32 register
+    ``cpu_triton_utils._expand_kernel_impl`` with their kernel dispatcher when the CPU worker starts,
+    after plugins load: the attribute is what it reads; a registration that already happened is
+    redone with the repair."""
+    wrapper = vars(cpu_tl).get("expand_kernel")
+    if wrapper is not None and getattr(wrapper, "__dict__", {}).get("func") is original:
+        wrapper.func = fixed
+        return "the kernel wrapper the CPU model runner installs"
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return None
+    registered = vars(dispatcher).get("_registry", {}).get(EXPAND_KERNEL)
+    if registered is None:
+        return "the kernel registration of vLLM's CPU worker"
+    if isinstance(registered, tuple) and len(registered) == 2 and registered[1] is original:
+        dispatcher.register_kernels({EXPAND_KERNEL: fixed})
+        return "vLLM's kernel dispatcher (registered again)"
+    return None
+
+
+def _expands_floats(impl: object) -> bool | None:
+    """Whether ``impl`` writes a float output (False: it leaves it unwritten; None: it could not be probed).
+
+    The C++ kernels are loaded the platform's way (the library that matches this CPU's ISA), then
+    called as vLLM calls them, with integer replace values: first on an int64 output (the control:
+    [5 | 9, 9] from two requests with 1 and 2 drafts), then on a float one ([0.5 | 0.25, 0.25]).
+    A control that fails means a kernel this probe does not know: None, and vLLM is left alone.
     """
     import torch
 
@@ -166,12 +217,14 @@ def _expands_floats(impl: object) -> bool:
         from vllm.platforms import current_platform
 
         current_platform.import_kernels()
+        cu = torch.tensor([1, 3], dtype=torch.int32)
+        ints = torch.full((3,), -1, dtype=torch.int64)
+        impl(ints, torch.tensor([5, 9]), cu, -7, 1)  # type: ignore[operator]
+        if ints.tolist() != [5, 9, 9]:
+            return None
         out = torch.full((3,), -1.0)
-        impl(out, torch.tensor([0.5, 0.25]), torch.tensor([1, 3], dtype=torch.int32), -7.0, 1.0)  # type: ignore[operator]
+        impl(out, torch.tensor([0.5, 0.25]), cu, -7, 1)  # type: ignore[operator]
         return out.tolist() == [0.5, 0.25, 0.25]
-    except Exception:
-        try:
-            src = inspect.getsource(impl)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            return True  # nothing to go by: leave vLLM as it is
-        return "_ensure_int64(output)" not in src
+    except Exception as e:  # noqa: BLE001 -- whatever stops the probe, vLLM is left as it is
+        log.debug("the expand probe could not run: %s: %s", type(e).__name__, e)
+        return None
