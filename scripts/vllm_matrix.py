@@ -7,7 +7,8 @@ takes 6-11 minutes a version):
 - *plugin loads*: vLLM's ``vllm.general_plugins`` entry point names DraftGate's, and the proposer
   class imports in vLLM's environment;
 - *patches applied*: what the plugin decides in a process of that vLLM (each patch by a probe:
-  zero-filled prompt log-probabilities, the CPU expand kernel's repair, or neither);
+  zero-filled prompt log-probabilities, the CPU expand kernel's repair, the rejection sampler
+  routed to it, or none);
 - *greedy identical* and *sampling test*: the live tests ``test_greedy_output_is_vllms_own`` (every
   drafter's output equals vLLM alone's) and ``test_sampled_output_has_vllms_distribution`` (a
   two-sample test against vLLM's own sampling, after checking the test can fail), each in vLLM
@@ -52,6 +53,7 @@ print(json.dumps({
     "entry_point": any(v.startswith("draftgate.integrations.vllm") for v in names),
     "zero_fill": plugin.zero_fill_prompt_logprobs(),
     "expand": plugin.repair_cpu_expand(),
+    "route": plugin.route_cpu_expand(),
 }))
 """
 
@@ -120,7 +122,11 @@ def main() -> int:
         )
         patches = [
             name
-            for name, key in (("zero-filled log-probabilities", "zero_fill"), ("expand repaired", "expand"))
+            for name, key in (
+                ("zero-filled log-probabilities", "zero_fill"),
+                ("expand repaired", "expand"),
+                ("expand routed", "route"),
+            )
             if facts.get(key)
         ]
         cells = [str(facts.get("vllm", v)), loads]

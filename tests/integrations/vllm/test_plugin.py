@@ -366,3 +366,76 @@ def test_register_never_raises_into_vllm_on_an_unknown_layout(
     plugin.register()  # must not raise
     (err,) = [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR]
     assert "failed to register" in err.getMessage() and err.exc_info is not None
+
+
+# ------------------------------------------------------------------ the expand dispatcher (vLLM 0.30)
+
+
+class _Dispatch:
+    """0.30's ``_expand``: launches ``kernel[grid]`` with the Triton kernel's argument names; a raw function
+    (the Triton kernel where Triton is off) cannot be launched."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel = kernel
+
+    def __call__(self, output: torch.Tensor, input: torch.Tensor, cu: torch.Tensor, rf: int, rt: int) -> None:  # noqa: A002
+        if not hasattr(self.kernel, "func"):
+            raise TypeError("Cannot inspect kernel parameters for function")
+        self.kernel[(input.shape[0],)](
+            output_ptr=output, input_ptr=input, cu_num_tokens_ptr=cu, replace_from=rf, replace_to=rt, MAX_NUM_TOKENS=8
+        )
+
+
+def _sampler(fake: FakeVllm, dispatch: _Dispatch) -> types.ModuleType:
+    fake._module("vllm.v1")
+    fake._module("vllm.v1.sample")
+    rs = fake._module("vllm.v1.sample.rejection_sampler")
+    rs._expand = dispatch  # type: ignore[attr-defined]
+
+    def expand_batch_to_tokens(x, cu, n, replace_from=0, replace_to=0):  # type: ignore[no-untyped-def]
+        out = x.new_empty(n)
+        dispatch(out, x, cu, replace_from, replace_to)
+        return out
+
+    rs.expand_batch_to_tokens = expand_batch_to_tokens  # type: ignore[attr-defined]
+    return rs
+
+
+def raw_triton_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS):  # type: ignore[no-untyped-def]
+    raise AssertionError("a Triton kernel cannot run here")
+
+
+def test_a_dispatcher_holding_the_raw_triton_kernel_gets_the_cpu_kernel(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpu_tl = fake.expand(broken_expand, layout="wrapper")
+    dispatch = _Dispatch(raw_triton_kernel)
+    rs = _sampler(fake, dispatch)
+    assert plugin.repair_cpu_expand() is True  # the wrapper now holds the repair
+    assert plugin.route_cpu_expand() is True
+    assert dispatch.kernel is cpu_tl.expand_kernel
+    cu = torch.tensor([1, 3], dtype=torch.int32)
+    assert rs.expand_batch_to_tokens(torch.tensor([0.5, 0.0]), cu, 3, 0, 1).tolist() == [0.5, 1.0, 1.0]
+    assert "gives it the CPU kernel" in _messages(caplog)
+
+
+def test_a_dispatcher_that_works_or_another_layout_is_left_alone(fake: FakeVllm) -> None:
+    cpu_tl = fake.expand(good_expand, layout="wrapper")
+    dispatch = _Dispatch(cpu_tl.expand_kernel)  # already the CPU kernel: nothing to do
+    _sampler(fake, dispatch)
+    assert plugin.route_cpu_expand() is False and dispatch.kernel is cpu_tl.expand_kernel
+    fake.expand(good_expand, layout="dispatcher")  # 0.31/0.32: no import-time wrapper
+    other = _Dispatch(raw_triton_kernel)
+    _sampler(fake, other)
+    assert plugin.route_cpu_expand() is False and other.kernel is raw_triton_kernel
+
+
+def test_a_cpu_kernel_that_does_not_help_is_undone_with_a_warning(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.expand(good_expand, layout="wrapper")  # good_expand's names are not the Triton kernel's: it cannot bind
+    dispatch = _Dispatch(raw_triton_kernel)
+    _sampler(fake, dispatch)
+    assert plugin.route_cpu_expand() is False
+    assert dispatch.kernel is raw_triton_kernel
+    assert "did not help" in _messages(caplog)

@@ -26,6 +26,13 @@ one:
    by behaviour (the kernel called as vLLM calls it, on an integer and a float output) and
    logged once per process; where the probe cannot run, nothing is patched and a warning says so.
 
+4. routes the CPU build's rejection sampler to that kernel where vLLM 0.30 does not: its CPU
+   model runner points ``rejection_sampler.expand_kernel`` at the CPU wrapper, but the dispatcher
+   ``_expand`` kept the raw Triton function, which it cannot launch ("Cannot inspect kernel
+   parameters"), so every round with drafts fails the engine (vLLM's own ``ngram`` method as
+   much as DraftGate's proposer). Decided by a probe (``expand_batch_to_tokens`` called on CPU
+   tensors), repaired by giving the dispatcher the CPU wrapper, checked by the same probe.
+
 The proposer class itself (`draftgate.integrations.vllm.Proposer`) needs no plugin to load:
 installed into vLLM's environment, its module path is importable.
 """
@@ -35,7 +42,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-__all__ = ["register", "repair_cpu_expand", "zero_fill_prompt_logprobs"]
+__all__ = ["register", "repair_cpu_expand", "route_cpu_expand", "zero_fill_prompt_logprobs"]
 
 log = logging.getLogger("draftgate.integrations.vllm")
 
@@ -48,6 +55,7 @@ def register() -> None:
         _share_vllm_log()
         zero_fill_prompt_logprobs()
         repair_cpu_expand()
+        route_cpu_expand()
     except Exception:  # a plugin failure must not keep vLLM from starting
         log.exception("DraftGate's vLLM plugin failed to register")
 
@@ -146,13 +154,15 @@ def repair_cpu_expand() -> bool:
         log.info("vLLM %s expands float sampling parameters correctly on CPU: no DraftGate repair needed", version)
         return False
 
-    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+    # The Triton kernel's parameter names: a dispatcher that binds launch arguments by name (0.30's) finds them.
+    def _expand_kernel_impl(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
         import torch
 
-        counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
-        values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+        cu = cu_num_tokens_ptr.to(torch.int64)
+        counts = torch.diff(cu, prepend=cu.new_zeros(1))
+        values = torch.where(input_ptr == replace_from, torch.full_like(input_ptr, replace_to), input_ptr)
         expanded = torch.repeat_interleave(values, counts)
-        output[: expanded.numel()] = expanded.to(output.dtype)
+        output_ptr[: expanded.numel()] = expanded.to(output_ptr.dtype)
 
     setattr(_expand_kernel_impl, _PATCHED, True)
     cpu_tl._expand_kernel_impl = _expand_kernel_impl
@@ -228,3 +238,53 @@ def _expands_floats(impl: object) -> bool | None:
     except Exception as e:  # noqa: BLE001 -- whatever stops the probe, vLLM is left as it is
         log.debug("the expand probe could not run: %s: %s", type(e).__name__, e)
         return None
+
+
+def route_cpu_expand() -> bool:
+    """Give the rejection sampler's ``expand`` dispatcher the CPU kernel where it kept the raw Triton
+    function (vLLM 0.30's CPU build); True if it did. Only on that layout: ``cpu_triton_utils`` wraps
+    the kernel at import (``expand_kernel``) and the dispatcher holds a ``kernel``."""
+    import vllm
+
+    try:
+        import vllm.v1.sample.rejection_sampler as rs
+        from vllm.utils import cpu_triton_utils as cpu_tl
+    except ImportError:
+        return False
+    wrapper, dispatch = vars(cpu_tl).get("expand_kernel"), vars(rs).get("_expand")
+    if wrapper is None or dispatch is None or "kernel" not in getattr(dispatch, "__dict__", {}):
+        return False  # another layout: vLLM registers its CPU kernels itself
+    version = getattr(vllm, "__version__", "?")
+    if dispatch.kernel is wrapper or _expand_dispatches(rs):
+        return False
+    original, dispatch.kernel = dispatch.kernel, wrapper
+    if not _expand_dispatches(rs):
+        dispatch.kernel = original
+        log.warning(
+            "vLLM %s cannot launch its rejection sampler's expand kernel on CPU, and giving it the CPU kernel did "
+            "not help: left as it is (rounds with drafts will fail)",
+            version,
+        )
+        return False
+    log.info(
+        "vLLM %s's rejection sampler could not launch its expand kernel on CPU (rounds with drafts failed the "
+        "engine); DraftGate gives it the CPU kernel",
+        version,
+    )
+    return True
+
+
+def _expand_dispatches(rs: object) -> bool:
+    """Whether ``expand_batch_to_tokens`` runs on CPU tensors and writes [0.5 | 0.25, 0.25]."""
+    import torch
+
+    try:
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
+        cu = torch.tensor([1, 3], dtype=torch.int32)
+        out = rs.expand_batch_to_tokens(torch.tensor([0.5, 0.25]), cu, 3, 0, 1)  # type: ignore[attr-defined]
+        return bool(out.tolist() == [0.5, 0.25, 0.25])
+    except Exception as e:  # noqa: BLE001 -- a dispatcher that cannot launch
+        log.debug("the expand dispatch probe failed: %s: %s", type(e).__name__, e)
+        return False
