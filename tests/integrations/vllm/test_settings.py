@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings, RequestOptions, SettingsError
+from draftgate.integrations.vllm.contract import DrafterName, SettingsError
+from draftgate.integrations.vllm.settings import ProposerSettings, RequestOptions
 
 
 def test_defaults_and_env() -> None:

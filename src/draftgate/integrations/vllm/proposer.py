@@ -28,10 +28,11 @@ from draftgate.drafters.base import Drafter
 from draftgate.drafters.http import HttpDrafter
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
+from draftgate.integrations.vllm.contract import DrafterName
 from draftgate.integrations.vllm.plugin import cpu_drafts_unverifiable
 from draftgate.integrations.vllm.remote import PrefetchingDrafter, RemoteCounters
 from draftgate.integrations.vllm.rounds import ProposerCore, Row
-from draftgate.integrations.vllm.settings import DrafterName, ProposerSettings
+from draftgate.integrations.vllm.settings import ProposerSettings
 from draftgate.integrations.vllm.sidecar import Sidecar
 
 __all__ = ["AutoProposer", "NgramProposer", "Proposer", "RemoteProposer", "SuffixProposer", "build_drafters"]

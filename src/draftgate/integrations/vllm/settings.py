@@ -33,36 +33,15 @@ reason once; vLLM's engine is never affected.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from draftgate.errors import DraftGateError
+from draftgate.integrations.vllm.contract import DRAFTER, OPTIONS, SPECULATE, XARG_PREFIX, DrafterName, K, SettingsError
 
-__all__ = ["DrafterName", "ProposerSettings", "RequestOptions", "SettingsError", "XARG_PREFIX"]
+__all__ = ["ProposerSettings", "RequestOptions"]
 
-XARG_PREFIX = "draftgate_"
 DEFAULT_DRAFT_TIMEOUT_MS = 50.0
-
-
-class SettingsError(DraftGateError, ValueError):
-    """A setting or a request option is invalid; the message names it and what it accepts."""
-
-
-class DrafterName(str, enum.Enum):
-    AUTO = "auto"  # suffix + n-gram lookup, the longer draft, under the goodput controller
-    SUFFIX = "suffix"  # the suffix store: the request's own text and earlier requests' outputs
-    NGRAM = "ngram"  # prompt lookup: the request's own text
-    REMOTE = "remote"  # a `draftgate serve-draft` worker over HTTP
-
-    @classmethod
-    def parse(cls, value: object, what: str) -> DrafterName:
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            names = ", ".join(d.value for d in cls)
-            raise SettingsError(f"{what} must be one of {names}, got {value!r}") from None
 
 
 _TRUE = {"1", "true", "on", "yes"}
@@ -159,17 +138,11 @@ class RequestOptions:
         if not extra_args:
             return cls()
         ours = {key: v for key, v in extra_args.items() if isinstance(key, str) and key.startswith(XARG_PREFIX)}
-        unknown = sorted(set(ours) - {"draftgate_speculate", "draftgate_drafter", "draftgate_k"})
+        unknown = sorted(set(ours) - set(OPTIONS))
         if unknown:
-            raise SettingsError(
-                f"unknown option {unknown[0]!r}: vllm_xargs takes draftgate_speculate, draftgate_drafter, draftgate_k"
-            )
+            raise SettingsError(f"unknown option {unknown[0]!r}: vllm_xargs takes {', '.join(OPTIONS)}")
         return cls(
-            speculate=_flag(ours["draftgate_speculate"], "draftgate_speculate")
-            if "draftgate_speculate" in ours
-            else True,
-            drafter=DrafterName.parse(ours["draftgate_drafter"], "draftgate_drafter")
-            if "draftgate_drafter" in ours
-            else None,
-            k=_k(ours["draftgate_k"], k_max, "draftgate_k") if "draftgate_k" in ours else None,
+            speculate=_flag(ours[SPECULATE], SPECULATE) if SPECULATE in ours else True,
+            drafter=DrafterName.parse(ours[DRAFTER], DRAFTER) if DRAFTER in ours else None,
+            k=_k(ours[K], k_max, K) if K in ours else None,
         )

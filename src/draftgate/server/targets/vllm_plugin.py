@@ -36,6 +36,7 @@ import httpx
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Backend, Chunk, IncrementalText, Sink, StopChecker, check_prompt
 from draftgate.errors import CapacityError
+from draftgate.integrations.vllm.contract import DRAFTER, SPECULATE, DrafterName, K
 from draftgate.models.tokenizer import TextTokenizer
 from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, connect
 from draftgate.server.targets.vllm_wire import error_message
@@ -45,7 +46,7 @@ __all__ = ["VllmPluginBackend", "VllmTargetError", "PROPOSER_DRAFTERS"]
 
 log = logging.getLogger("draftgate.vllm_target")
 
-PROPOSER_DRAFTERS = ("auto", "suffix", "ngram", "remote")  # what DraftGate's proposer in vLLM drafts with
+PROPOSER_DRAFTERS = tuple(d.value for d in DrafterName)  # what DraftGate's proposer in vLLM drafts with
 
 
 class VllmPluginBackend(Backend):
@@ -133,11 +134,11 @@ class VllmPluginBackend(Backend):
 
     def _body(self, prompt_ids: list[int], params: SamplingParams, speculate: bool) -> dict[str, Any]:
         on = speculate and self.speculation_enabled
-        xargs: dict[str, Any] = {"draftgate_speculate": int(on)}
+        xargs: dict[str, Any] = {SPECULATE: int(on)}
         if on and self.proposer_drafter is not None:
-            xargs["draftgate_drafter"] = self.proposer_drafter
+            xargs[DRAFTER] = self.proposer_drafter
         if on and self.k is not None:
-            xargs["draftgate_k"] = self.k
+            xargs[K] = self.k
         body: dict[str, Any] = {
             "model": self.model_name,
             "prompt": prompt_ids,
@@ -160,7 +161,7 @@ class VllmPluginBackend(Backend):
 
     def _stats(self, body: dict[str, Any]) -> SpecStats:
         """The drafter the request ran with; vLLM reports no per-request counts (see its /metrics)."""
-        on = body["vllm_xargs"]["draftgate_speculate"] and self.proposer_drafter is not None
+        on = body["vllm_xargs"][SPECULATE] and self.proposer_drafter is not None
         return SpecStats(drafter=self.proposer_drafter if on else "none")  # type: ignore[arg-type]
 
     def _run(self, body: dict[str, Any], params: SamplingParams, sink: Sink, stop: threading.Event) -> None:
