@@ -159,10 +159,10 @@ def test_draft_worker_down_or_broken_costs_only_speed(
     reference = _chat(spec.url, long_msgs, {"draftgate_speculate": 0}, max_tokens=160)[0]
     first = spec.stats()["remote"]
     # Killed mid-request: the request finishes with vLLM's own output.
+    # A fixed K: the worker is asked every round (an adaptive K priced out by earlier tests may ask it never).
+    remote = {"draftgate_drafter": "remote", "draftgate_k": 4}
     out: list[list[int]] = []
-    t = threading.Thread(
-        target=lambda: out.append(_chat(spec.url, long_msgs, {"draftgate_drafter": "remote"}, max_tokens=160)[0])
-    )
+    t = threading.Thread(target=lambda: out.append(_chat(spec.url, long_msgs, remote, max_tokens=160)[0]))
     t.start()
     time.sleep(1.0)
     worker.stop()
@@ -171,7 +171,7 @@ def test_draft_worker_down_or_broken_costs_only_speed(
         assert out == [reference]
         # A worker that answers nonsense: the same.
         worker.start(_garbage_worker())
-        assert _chat(spec.url, msgs, {"draftgate_drafter": "remote"})[0] == plain_greedy[pid]
+        assert _chat(spec.url, msgs, remote)[0] == plain_greedy[pid]
         worker.stop()
         down = spec.stats()["remote"]
         # Each call that gave no draft is counted: a failure, or late where a loaded machine took longer than
