@@ -22,7 +22,7 @@ demo: $(STAMP)
 # vLLM (its own virtualenv, cached under ~/.cache/draftgate: 6-11 minutes the first time) alone,
 # with its own ngram, and with DraftGate's proposer, side by side on the built-in prompts.
 demo-vllm: $(STAMP)
-	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.compare \
+	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.tools.compare \
 		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
 
 # The vLLM benchmark of docs/BENCHMARKS.md (about 50 minutes on 2 cores): held-out prompts at
@@ -30,7 +30,7 @@ demo-vllm: $(STAMP)
 # with the proposer's precomputation on and off, and the gateway's own rounds in front of vLLM.
 bench-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && set -e && \
-	C="$(PY) -m draftgate.integrations.vllm.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL" && \
+	C="$(PY) -m draftgate.integrations.vllm.tools.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL" && \
 	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto --out bench-vllm-out/heldout && \
 	$$C --prompts benchmarks/prompts/repeated.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix --out bench-vllm-out/repeated && \
 	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,dg-auto --concurrency 4 --out bench-vllm-out/heldout-c4 && \

@@ -35,6 +35,6 @@ if [ ! -f "$STAMP" ]; then
     rm -f "$VENV"/.draftgate-*
     touch "$STAMP"
 fi
-MODEL=$(HF_HUB_OFFLINE=1 "$PY" -m draftgate.integrations.vllm.hf_folder)
+MODEL=$(HF_HUB_OFFLINE=1 "$PY" -m draftgate.integrations.vllm.tools.hf_folder)
 echo "VLLM_PYTHON=$PY"
 echo "VLLM_MODEL=$MODEL"

@@ -47,7 +47,7 @@ logging.disable(logging.CRITICAL)
 import vllm
 names = [e.value for e in entry_points(group="vllm.general_plugins")]
 from draftgate.integrations.vllm import Proposer  # noqa: F401
-from draftgate.integrations.vllm import plugin
+from draftgate.integrations.vllm.inside import plugin
 print(json.dumps({
     "vllm": vllm.__version__,
     "entry_point": any(v.startswith("draftgate.integrations.vllm") for v in names),
@@ -83,7 +83,7 @@ def plugin_facts(python: Path) -> dict[str, object]:
 def live(version: str, selector: str, junit: Path) -> str:
     """'pass (n)' / 'FAIL (n of m)' for the live tests the selector picks, run against this version."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
-    cmd += ["tests/integrations/vllm/test_live.py", "-k", selector]
+    cmd += ["tests/integrations/vllm/inside/test_proposer_live.py", "-k", selector]
     subprocess.run(cmd, env=_env(version), cwd=ROOT, capture_output=True, text=True, check=False)
     if not junit.exists():
         return "not run"

@@ -5,7 +5,7 @@ runs on) and says what it is (speculation switch, K, costs, queue, KV). On top o
 class gives every back end the same ``encode``, ``stream`` (chunks on an asyncio loop: the
 gateway's SSE and ``generate``), ``generate`` (an async iterator) and ``complete`` (blocking), so
 text chunks and errors look the same everywhere. Implementations: the ``Engine`` over any round
-target, and ``server.targets.vllm_plugin.VllmPluginBackend`` (a vLLM that drafts and verifies
+target, and ``integrations.vllm.gateway.plugin_route.VllmPluginBackend`` (a vLLM that drafts and verifies
 with DraftGate's proposer).
 """
 
@@ -114,7 +114,7 @@ class Backend:
 
     def verification_counts(self) -> dict[str, int]:
         """Counts a target that verifies on another server keeps (near ties, contradicted and unconfirmed
-        tokens: ``server.targets.vllm_target``); {} for one whose verification is exact in process."""
+        tokens: ``integrations.vllm.gateway.target``); {} for one whose verification is exact in process."""
         return {}
 
     # ---------------------------------------------------------------- written once

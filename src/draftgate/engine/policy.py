@@ -1,7 +1,7 @@
 """The speculation policy: per sequence and round, which source drafts and how many tokens (K).
 
 One policy serves every loop that drafts: the engine (any round target), and the vLLM proposer
-(``integrations.vllm.rounds``). Each round it works on the sequences' ``Round`` records:
+(``integrations.vllm.inside.rounds``). Each round it works on the sequences' ``Round`` records:
 
 1. ``plan``: the source (``Abilities.sources``, or the drafter itself) and the most drafts to ask
    for. A lookup source is asked for every draft it has (proposing costs microseconds); a model

@@ -13,7 +13,7 @@ side of a sequence, and answers in the sequence's ``Round`` record (``engine.rou
 Implementations: ``LocalTarget`` (our runner in this process), ``ScoredTarget`` (a server that
 only scores: an OpenAI-compatible one, ``server.targets.openai_target``), the gRPC worker
 session target (``server.targets.grpc_target``) and the vLLM token-route target
-(``server.targets.vllm_target``). What a target is and can do is stated in ``TargetInfo``,
+(``integrations.vllm.gateway.target``). What a target is and can do is stated in ``TargetInfo``,
 never probed.
 """
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
 
 from vllm_support import ROOT, Spec, Worker  # noqa: E402
 
-from draftgate.integrations.vllm.launch import (  # noqa: E402
+from draftgate.integrations.vllm.tools.launch import (  # noqa: E402
     VllmEnv,
     VllmLaunch,
     draftgate_spec,

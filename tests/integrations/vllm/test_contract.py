@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from draftgate.integrations.vllm.contract import DRAFTER, OPTIONS, SPECULATE, DrafterName, K, SettingsError
-from draftgate.integrations.vllm.settings import RequestOptions
-from draftgate.server.targets.vllm_plugin import PROPOSER_DRAFTERS
+from draftgate.integrations.vllm.gateway.plugin_route import PROPOSER_DRAFTERS
+from draftgate.integrations.vllm.inside.settings import RequestOptions
 
 
 @pytest.mark.parametrize("name", PROPOSER_DRAFTERS)

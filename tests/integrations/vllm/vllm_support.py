@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from gateway_support import serve_app
 
 from draftgate.drafters.ngram import NgramDrafter
-from draftgate.integrations.vllm.launch import free_port
+from draftgate.integrations.vllm.tools.launch import free_port
 from draftgate.server.workers.draft_worker import DraftService, create_draft_app
 
 ROOT = Path(__file__).resolve().parents[3]

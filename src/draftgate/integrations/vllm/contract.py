@@ -1,7 +1,7 @@
 """What the gateway and DraftGate's proposer inside vLLM agree on: per-request options and drafter names.
 
-A ``vllm+http://`` route whose vLLM runs the proposer (``server.targets.vllm_plugin``) writes the
-options into each request's ``vllm_xargs``; the proposer (``integrations.vllm.settings``) reads
+A ``vllm+http://`` route whose vLLM runs the proposer (``integrations.vllm.gateway.plugin_route``) writes the
+options into each request's ``vllm_xargs``; the proposer (``integrations.vllm.inside.settings``) reads
 them. Both take the names from here, so neither side can drift from the other.
 """
 

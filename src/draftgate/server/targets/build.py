@@ -75,9 +75,9 @@ def build_backend(
     if target.kind is TargetKind.VLLM:
         import httpx
 
-        from draftgate.server.targets.vllm_checks import connect
-        from draftgate.server.targets.vllm_engine import VllmTargetEngine
-        from draftgate.server.targets.vllm_plugin import VllmPluginBackend
+        from draftgate.integrations.vllm.gateway.checks import connect
+        from draftgate.integrations.vllm.gateway.engine import VllmTargetEngine
+        from draftgate.integrations.vllm.gateway.plugin_route import VllmPluginBackend
 
         url = target.addresses[0]
         client = httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0))

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import httpx
 
 from draftgate.errors import DraftGateError
+from draftgate.integrations.vllm.gateway.target import MIN_MARGIN
+from draftgate.integrations.vllm.gateway.wire import GENERATE, GarbageRow, RowError, VllmWire, WireError, read_row
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_target import MIN_MARGIN
-from draftgate.server.targets.vllm_wire import GENERATE, GarbageRow, RowError, VllmWire, WireError, read_row
 
 __all__ = ["ServerFacts", "VllmTargetError", "connect", "check_rows", "check_numerics", "SPEC_METRIC", "PROBE"]
 

@@ -8,8 +8,8 @@ from draftgate.drafters.base import Abilities, Draft, DraftRequest
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.integrations.vllm.contract import DrafterName
-from draftgate.integrations.vllm.rounds import ProposerCore, Row
-from draftgate.integrations.vllm.settings import ProposerSettings
+from draftgate.integrations.vllm.inside.rounds import ProposerCore, Row
+from draftgate.integrations.vllm.inside.settings import ProposerSettings
 
 # The target's greedy text: a repeated phrase, so lookup drafts pay.
 TEXT = [5, 6, 7, 8, 9, 10, 11, 12] * 12

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgate.integrations.vllm.launch import VllmEnv, VllmLaunch, VllmStartError, draftgate_spec, vllm_server
+from draftgate.integrations.vllm.tools.launch import VllmEnv, VllmLaunch, VllmStartError, draftgate_spec, vllm_server
 
 ENV = VllmEnv(Path(sys.executable), Path("/models/smol"))
 

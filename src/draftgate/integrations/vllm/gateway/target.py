@@ -56,9 +56,8 @@ import httpx
 from draftgate.engine import verify_choices
 from draftgate.engine.round import Round
 from draftgate.engine.target import TargetInfo, check_prompt
-from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_pricing import RoundPricer
-from draftgate.server.targets.vllm_wire import (
+from draftgate.integrations.vllm.gateway.pricing import RoundPricer
+from draftgate.integrations.vllm.gateway.wire import (
     GarbageRow,
     RowError,
     Scored,
@@ -70,6 +69,7 @@ from draftgate.server.targets.vllm_wire import (
     read_row,
     top1,
 )
+from draftgate.models.tokenizer import TextTokenizer
 from draftgate.types import SamplingParams
 
 __all__ = ["VllmRoundTarget", "MIN_MARGIN"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from draftgate.server.targets.vllm_wire import GarbageRow, RowError, Scored, margin, read_row, sampling_body, top1
+from draftgate.integrations.vllm.gateway.wire import GarbageRow, RowError, Scored, margin, read_row, sampling_body, top1
 from draftgate.types import SamplingParams
 
 Row = dict[int, tuple[float, int]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.integrations.vllm.compare import ARMS, Tally, main, render
+from draftgate.integrations.vllm.tools.compare import ARMS, Tally, main, render
 
 
 def test_render_gives_ratios_to_vllm_alone_and_identity() -> None:

@@ -10,7 +10,7 @@ A vLLM that does not install here (the GPU packages pull a CUDA torch) is checke
    ``Proposer.propose`` (``vllm/v1/worker/gpu_model_runner.py``);
 4. the runner's ``input_batch.req_ids`` and ``requests`` (which request a row is, its options).
 
-    python -m draftgate.integrations.vllm.interface_check vllm-0.34.0-*.whl [more wheels or trees]
+    python -m draftgate.integrations.vllm.tools.interface_check vllm-0.34.0-*.whl [more wheels or trees]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _propose_call(runner: str) -> list[str] | None:
 
 def _binds(args: list[str]) -> bool:
     """Whether the runner's call shape binds to ``Proposer.propose`` (positional, then ``name=...``)."""
-    from draftgate.integrations.vllm.proposer import Proposer
+    from draftgate.integrations.vllm.inside.proposer import Proposer
 
     sig = inspect.signature(Proposer.propose)
     positional = [a for a in args if "=" not in a]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.server.targets.vllm_pricing import MAX_BUCKET, MIN_ROUNDS, PROBE_EVERY, WINDOW, RoundPricer
+from draftgate.integrations.vllm.gateway.pricing import MAX_BUCKET, MIN_ROUNDS, PROBE_EVERY, WINDOW, RoundPricer
 
 GAP = 0.01  # seconds per plain token: a plain rate of 100 tokens/s
 

@@ -14,9 +14,9 @@ import pytest
 from draftgate.drafters.base import Draft
 from draftgate.engine import Engine, Round
 from draftgate.engine.sequence import PositionRandom, SequenceState, StopChecker
+from draftgate.integrations.vllm.gateway.target import VllmRoundTarget
+from draftgate.integrations.vllm.gateway.wire import VllmWire
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_target import VllmRoundTarget
-from draftgate.server.targets.vllm_wire import VllmWire
 from draftgate.types import SamplingParams
 
 V = 64

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from draftgate.integrations.vllm import probes
+from draftgate.integrations.vllm.tools import probes
 
 URL = "http://vllm.test"
 

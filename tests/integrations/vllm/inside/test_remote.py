@@ -10,7 +10,7 @@ from gateway_support import serve_app
 from draftgate.drafters.base import DraftRequest
 from draftgate.drafters.http import HttpDrafter
 from draftgate.drafters.ngram import NgramDrafter
-from draftgate.integrations.vllm.remote import PrefetchingDrafter
+from draftgate.integrations.vllm.inside.remote import PrefetchingDrafter
 from draftgate.server.workers.draft_worker import DraftService, create_draft_app
 from draftgate.types import SamplingParams
 

@@ -25,7 +25,7 @@ from vllm_support import ROOT, Spec, Worker
 
 from draftgate.bench.prompts import builtin_prompts_path, load_prompts
 from draftgate.engine.compare import first_difference
-from draftgate.integrations.vllm.launch import SERVED_NAME
+from draftgate.integrations.vllm.tools.launch import SERVED_NAME
 from draftgate.verify.fidelity import positional_homogeneity
 
 DRAFTERS = ["auto", "suffix", "ngram", "remote"]

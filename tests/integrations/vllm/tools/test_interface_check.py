@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgate.integrations.vllm.interface_check import FILES, check_source, main, read_tree, read_wheel
+from draftgate.integrations.vllm.tools.interface_check import FILES, check_source, main, read_tree, read_wheel
 
 RUNNER_033 = """
 class GPUModelRunner:

@@ -4,7 +4,7 @@
 vLLM builds it in its worker with the engine's config and calls ``propose`` once per step.
 The drafter is ``DRAFTGATE_VLLM_DRAFTER`` (default ``auto``), or fixed by the class named:
 ``AutoProposer``, ``SuffixProposer``, ``NgramProposer``, ``RemoteProposer``. Other settings:
-`draftgate.integrations.vllm.settings`.
+`draftgate.integrations.vllm.inside.settings`.
 
 vLLM's interface hands the proposer token ids only; which request a row belongs to, and its
 ``vllm_xargs``, are read from the model runner that makes the call (the caller's frame, found
@@ -29,11 +29,11 @@ from draftgate.drafters.http import HttpDrafter
 from draftgate.drafters.ngram import NgramDrafter
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.integrations.vllm.contract import DrafterName
-from draftgate.integrations.vllm.plugin import cpu_drafts_unverifiable
-from draftgate.integrations.vllm.remote import PrefetchingDrafter, RemoteCounters
-from draftgate.integrations.vllm.rounds import ProposerCore, Row
-from draftgate.integrations.vllm.settings import ProposerSettings
-from draftgate.integrations.vllm.sidecar import Sidecar
+from draftgate.integrations.vllm.inside.plugin import cpu_drafts_unverifiable
+from draftgate.integrations.vllm.inside.remote import PrefetchingDrafter, RemoteCounters
+from draftgate.integrations.vllm.inside.rounds import ProposerCore, Row
+from draftgate.integrations.vllm.inside.settings import ProposerSettings
+from draftgate.integrations.vllm.inside.sidecar import Sidecar
 
 __all__ = ["AutoProposer", "NgramProposer", "Proposer", "RemoteProposer", "SuffixProposer", "build_drafters"]
 

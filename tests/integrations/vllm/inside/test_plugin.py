@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from draftgate.integrations.vllm import plugin
+from draftgate.integrations.vllm.inside import plugin
 
 LOGGER = "draftgate.integrations.vllm"
 

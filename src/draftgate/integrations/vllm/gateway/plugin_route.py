@@ -37,9 +37,9 @@ from draftgate.drafters.base import Drafter
 from draftgate.engine import Backend, Chunk, IncrementalText, Sink, StopChecker, check_prompt
 from draftgate.errors import CapacityError
 from draftgate.integrations.vllm.contract import DRAFTER, SPECULATE, DrafterName, K
+from draftgate.integrations.vllm.gateway.checks import ServerFacts, VllmTargetError, connect
+from draftgate.integrations.vllm.gateway.wire import error_message
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, connect
-from draftgate.server.targets.vllm_wire import error_message
 from draftgate.types import SamplingParams, SpecStats
 
 __all__ = ["VllmPluginBackend", "VllmTargetError", "PROPOSER_DRAFTERS"]

@@ -22,13 +22,13 @@ from openai import OpenAI
 from vllm_support import Spec
 
 from draftgate.engine import DrafterKind, EngineConfig
-from draftgate.integrations.vllm.launch import SERVED_NAME
+from draftgate.integrations.vllm.gateway.plugin_route import VllmPluginBackend, VllmTargetError
+from draftgate.integrations.vllm.tools.launch import SERVED_NAME
 from draftgate.models.loader import load_model_info
 from draftgate.server import AuthConfig, create_app
 from draftgate.server.ops.state import OpsConfig
 from draftgate.server.routes_file import RouteSpec, build_route_table
 from draftgate.server.targets import parse_target
-from draftgate.server.targets.vllm_plugin import VllmPluginBackend, VllmTargetError
 
 pytestmark = pytest.mark.skipif(os.environ.get("DRAFTGATE_SKIP_VLLM") == "1", reason="DRAFTGATE_SKIP_VLLM=1")
 

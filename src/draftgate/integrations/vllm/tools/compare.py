@@ -1,6 +1,6 @@
 """vLLM alone, vLLM's own ``ngram`` and vLLM with DraftGate's proposer, side by side on one machine.
 
-    python -m draftgate.integrations.vllm.compare --vllm-python PY --model HF_FOLDER \\
+    python -m draftgate.integrations.vllm.tools.compare --vllm-python PY --model HF_FOLDER \\
         --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto
 
 Each kind of server runs in its own vLLM process, all up at once (the others' engine cores still
@@ -44,9 +44,9 @@ from typing import Any
 import httpx
 
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
-from draftgate.integrations.vllm.compare_servers import Arm, RemoteTier, start_servers
-from draftgate.integrations.vllm.launch import SERVED_NAME, VllmEnv
-from draftgate.integrations.vllm.probes import prefix_cache, round_cost
+from draftgate.integrations.vllm.tools.compare_servers import Arm, RemoteTier, start_servers
+from draftgate.integrations.vllm.tools.launch import SERVED_NAME, VllmEnv
+from draftgate.integrations.vllm.tools.probes import prefix_cache, round_cost
 
 __all__ = ["ARMS", "Arm", "main"]
 
@@ -241,7 +241,7 @@ def _rate(tallies: Mapping[tuple[str, str], list[Tally]], arm: str, cats: Sequen
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m draftgate.integrations.vllm.compare",
+        prog="python -m draftgate.integrations.vllm.tools.compare",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="arms: " + "; ".join(f"{a.name}: {a.what}" for a in ARMS.values()),

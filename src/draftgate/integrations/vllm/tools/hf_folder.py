@@ -1,6 +1,6 @@
 """A Hugging Face folder from a GGUF model, for engines that load only such folders (vLLM).
 
-    python -m draftgate.integrations.vllm.hf_folder [--model smollm2-135m] [--out DIR]
+    python -m draftgate.integrations.vllm.tools.hf_folder [--model smollm2-135m] [--out DIR]
 
 Runs in an environment with ``transformers`` and ``gguf`` (vLLM's, after ``pip install
 'draftgate[vllm]'``): transformers' GGUF loader dequantizes the weights (float32) and writes

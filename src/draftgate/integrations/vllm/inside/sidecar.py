@@ -24,8 +24,8 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from draftgate.integrations.vllm.remote import RemoteCounters
-from draftgate.integrations.vllm.rounds import ProposerCore
+from draftgate.integrations.vllm.inside.remote import RemoteCounters
+from draftgate.integrations.vllm.inside.rounds import ProposerCore
 
 __all__ = ["Sidecar", "stats_json"]
 

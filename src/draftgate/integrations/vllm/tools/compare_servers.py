@@ -1,4 +1,4 @@
-"""The processes a vLLM comparison runs (``integrations.vllm.compare``): vLLM servers per arm, a
+"""The processes a vLLM comparison runs (``integrations.vllm.tools.compare``): vLLM servers per arm, a
 DraftGate gateway in front of one, a draft worker for the remote arm; each started on loopback and
 stopped with the comparison."""
 
@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 
 from draftgate.bench.delay_proxy import DelayProxy
-from draftgate.integrations.vllm.launch import SERVED_NAME, VllmEnv, VllmLaunch, draftgate_spec, free_port, vllm_server
+from draftgate.integrations.vllm.tools.launch import (
+    SERVED_NAME,
+    VllmEnv,
+    VllmLaunch,
+    draftgate_spec,
+    free_port,
+    vllm_server,
+)
 
 __all__ = ["Arm", "RemoteTier", "start_servers"]
 

@@ -30,7 +30,7 @@ from draftgate.engine.costs import CostModel
 from draftgate.engine.policy import SpeculationPolicy
 from draftgate.engine.round import Round
 from draftgate.integrations.vllm.contract import DrafterName, SettingsError
-from draftgate.integrations.vllm.settings import ProposerSettings, RequestOptions
+from draftgate.integrations.vllm.inside.settings import ProposerSettings, RequestOptions
 from draftgate.types import MAX_NEW_TOKENS_LIMIT, SamplingParams
 
 __all__ = ["Control", "DrafterStats", "ProposerCore", "Row"]

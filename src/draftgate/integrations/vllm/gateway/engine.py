@@ -15,10 +15,10 @@ import httpx
 
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Engine, Sink
+from draftgate.integrations.vllm.gateway.checks import ServerFacts, VllmTargetError, check_numerics, check_rows
+from draftgate.integrations.vllm.gateway.target import VllmRoundTarget
+from draftgate.integrations.vllm.gateway.wire import VllmWire
 from draftgate.models.tokenizer import TextTokenizer
-from draftgate.server.targets.vllm_checks import ServerFacts, VllmTargetError, check_numerics, check_rows
-from draftgate.server.targets.vllm_target import VllmRoundTarget
-from draftgate.server.targets.vllm_wire import VllmWire
 from draftgate.types import SamplingParams
 
 __all__ = ["VllmTargetEngine", "LOOKUP_K_MAX"]

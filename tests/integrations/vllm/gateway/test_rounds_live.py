@@ -25,15 +25,15 @@ from vllm_support import Spec, Worker
 
 from draftgate.drafters.suffix import SuffixDrafter
 from draftgate.engine import DrafterKind, EngineConfig
-from draftgate.integrations.vllm.launch import SERVED_NAME
+from draftgate.integrations.vllm.gateway.checks import VllmTargetError, connect
+from draftgate.integrations.vllm.gateway.engine import VllmTargetEngine
+from draftgate.integrations.vllm.gateway.plugin_route import VllmPluginBackend
+from draftgate.integrations.vllm.tools.launch import SERVED_NAME
 from draftgate.models.loader import load_model_info
 from draftgate.server import AuthConfig, create_app
 from draftgate.server.ops.state import OpsConfig
 from draftgate.server.routes_file import RouteSpec, build_route_table
 from draftgate.server.targets import parse_drafter, parse_target
-from draftgate.server.targets.vllm_checks import VllmTargetError, connect
-from draftgate.server.targets.vllm_engine import VllmTargetEngine
-from draftgate.server.targets.vllm_plugin import VllmPluginBackend
 from draftgate.types import SamplingParams
 
 pytestmark = pytest.mark.skipif(os.environ.get("DRAFTGATE_SKIP_VLLM") == "1", reason="DRAFTGATE_SKIP_VLLM=1")

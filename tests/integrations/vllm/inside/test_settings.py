@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftgate.integrations.vllm.contract import DrafterName, SettingsError
-from draftgate.integrations.vllm.settings import ProposerSettings, RequestOptions
+from draftgate.integrations.vllm.inside.settings import ProposerSettings, RequestOptions
 
 
 def test_defaults_and_env() -> None:
