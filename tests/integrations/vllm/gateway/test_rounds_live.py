@@ -28,6 +28,7 @@ from draftgate.engine import DrafterKind, EngineConfig
 from draftgate.integrations.vllm.gateway.checks import VllmTargetError, connect
 from draftgate.integrations.vllm.gateway.engine import VllmTargetEngine
 from draftgate.integrations.vllm.gateway.plugin_route import VllmPluginBackend
+from draftgate.integrations.vllm.gateway.pricing import MAX_BUCKET, PROBE_REQUESTS, WINDOW
 from draftgate.integrations.vllm.tools.launch import SERVED_NAME
 from draftgate.models.loader import load_model_info
 from draftgate.server import AuthConfig, create_app
@@ -46,6 +47,7 @@ PROMPTS = [
 ]
 DRAFTERS = ["ngram", "suffix", "auto", "worker"]  # "worker": an http:// draft worker (the session's n-gram one)
 MAX_TOKENS = 64
+FIXED_K = 6
 
 
 @dataclass
@@ -93,17 +95,21 @@ def proxy(plain: str) -> Iterator[tuple[str, Faults]]:
 @pytest.fixture(scope="module")
 def gateway(plain: str, worker: Worker, proxy: tuple[str, Faults]) -> Iterator[Gateway]:
     target = parse_target(f"vllm+{plain}")
+    # "suffix" and "faulty" draft a fixed K: their rounds run whatever they cost (the operations and fault
+    # tests need rounds); the others are adaptive, and their gate may pass requests through.
     routes = [
         RouteSpec(
             d,
-            EngineConfig(drafter=DrafterKind.NGRAM),
+            EngineConfig(drafter=DrafterKind.NGRAM, k=FIXED_K if d == "suffix" else None),
             target=target,
             drafter=parse_drafter(worker.url, 0.2) if d == "worker" else parse_drafter(d),
         )
         for d in DRAFTERS
     ]
     routes.append(
-        RouteSpec("faulty", EngineConfig(drafter=DrafterKind.SUFFIX), target=parse_target(f"vllm+{proxy[0]}"))
+        RouteSpec(
+            "faulty", EngineConfig(drafter=DrafterKind.SUFFIX, k=FIXED_K), target=parse_target(f"vllm+{proxy[0]}")
+        )
     )
     table = build_route_table(routes)
     auth = AuthConfig(api_keys=frozenset({CLIENT_KEY}), admin_keys=frozenset({ADMIN_KEY}))
@@ -161,6 +167,37 @@ def test_greedy_is_vllms_own_output_with_every_drafter(gateway: Gateway, referen
     assert drafted > 0  # drafts were scored on vLLM, not only decoded plainly
     assert gateway.backend(route).rounds_target.scored > 0
     _assert_released(gateway.backend(route))
+
+
+def test_where_rounds_do_not_pay_requests_pass_through(gateway: Gateway, reference: dict[str, str]) -> None:
+    """An adaptive route whose measured rounds all lose to plain decoding relays greedy requests to
+    vLLM's own decoding (counted), probing rounds in one request of PROBE_REQUESTS; it runs rounds
+    again once they pay."""
+    b = gateway.backend("ngram")
+    pricer = b.rounds_target.pricer
+    step = pricer.step()
+    assert step is not None  # measured by the earlier requests' streams
+    for bucket in range(MAX_BUCKET + 1):  # every bucket: rounds at a third of the plain rate
+        for _ in range(WINDOW):
+            pricer.observe_round(bucket, 1, 3 * step, False)
+    assert pricer.verdict() is False
+    before = gateway.metric("draftgate:vllm_rounds_passed_through_requests_total", "ngram")
+    passed = 0
+    for p in PROMPTS:
+        r = gateway.chat("ngram", p)
+        spec = r.model_extra["speculative"]
+        assert r.choices[0].message.content == reference[p]
+        if spec["target_decoded"]:  # relayed (else the gate's probe: rounds)
+            passed += 1
+            assert spec["draft_tokens"] == 0
+    assert len(PROMPTS) < PROBE_REQUESTS and passed >= len(PROMPTS) - 1  # at most one probe among them
+    assert gateway.metric("draftgate:vllm_rounds_passed_through_requests_total", "ngram") - before == passed
+    assert b.passthrough.num_running == 0 and b.num_running == 0
+    for bucket in range(MAX_BUCKET + 1):  # rounds pay again: the route runs them
+        for _ in range(WINDOW):
+            pricer.observe_round(bucket, 8, step, False)
+    assert gateway.chat("ngram", PROMPTS[0]).model_extra["speculative"]["draft_tokens"] > 0
+    _assert_released(b)
 
 
 def test_rounds_read_vllms_prefix_cache(gateway: Gateway, plain: str) -> None:

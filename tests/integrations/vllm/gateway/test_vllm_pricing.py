@@ -1,10 +1,21 @@
-"""RoundPricer: which drafts are worth a vLLM scoring round, from measured gaps, opens and rounds."""
+"""RoundPricer: which drafts are worth a vLLM scoring round, from measured gaps, opens and rounds;
+RouteGate: whether a greedy request runs rounds at all or passes through to vLLM's own decoding."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from draftgate.integrations.vllm.gateway.pricing import MAX_BUCKET, MIN_ROUNDS, PROBE_EVERY, WINDOW, RoundPricer
+from draftgate.integrations.vllm.gateway.pricing import (
+    MAX_BUCKET,
+    MIN_ROUNDS,
+    PROBE_EVERY,
+    PROBE_REQUESTS,
+    WINDOW,
+    RoundPricer,
+    RouteGate,
+)
 
 GAP = 0.01  # seconds per plain token: a plain rate of 100 tokens/s
 
@@ -147,3 +158,58 @@ def test_a_draft_too_short_to_pay_is_never_scored() -> None:
     assert p.breakeven() == pytest.approx(3.5)
     assert not p.worth(5, 1) and not p.worth(5, 2)  # 2 or 3 tokens in the time of 3.5
     assert p.worth(5, 3) and p.worth(5, 16)  # the bucket pays (8 tokens a round): long drafts go
+
+
+def test_verdict_needs_a_measured_bucket_and_a_plain_rate() -> None:
+    p = RoundPricer()
+    _rounds(p, 2, MIN_ROUNDS, tokens=1, seconds=1.0)
+    assert p.verdict() is None  # no plain rate to compare with
+    p = _pricer()
+    _rounds(p, 2, MIN_ROUNDS - 1, tokens=1, seconds=1.0)
+    assert p.verdict() is None  # too few rounds
+    _rounds(p, 2, 1, tokens=1, seconds=1.0)
+    assert p.verdict() is False
+
+
+def test_one_paying_bucket_makes_rounds_pay() -> None:
+    p = _pricer()
+    _rounds(p, 1, MIN_ROUNDS, tokens=1, seconds=0.05)  # 20 tokens/s < 100
+    assert p.verdict() is False
+    _rounds(p, MAX_BUCKET, MIN_ROUNDS, tokens=6, seconds=0.04)  # 150 tokens/s > 100
+    assert p.verdict() is True
+
+
+def test_break_even_round_cost_is_the_tokens_a_round_emits() -> None:
+    p = _pricer()
+    assert p.tokens_per_round() is None
+    _rounds(p, 1, MIN_ROUNDS, tokens=2, seconds=0.035)
+    _rounds(p, 5, MIN_ROUNDS, tokens=4, seconds=0.035)
+    assert p.tokens_per_round() == pytest.approx(3.0)  # rounds pay while they cost less than 3 plain tokens
+    assert p.breakeven() == pytest.approx(3.5)  # they cost 3.5: on average they do not...
+    assert p.verdict() is True  # ...but the longer matches' do: the route keeps rounds, the pricer declines short ones
+    assert not p.worth(1) and p.worth(5)
+
+
+def test_gate_runs_rounds_until_they_are_known_not_to_pay(caplog: pytest.LogCaptureFixture) -> None:
+    p = _pricer()
+    gate = RouteGate(p)
+    assert all(gate.rounds() for _ in range(3)) and gate.passed == 0
+    _rounds(p, 3, MIN_ROUNDS, tokens=2, seconds=0.05)  # 40 tokens/s < 100
+    with caplog.at_level(logging.INFO, "draftgate.vllm_rounds"):
+        answers = [gate.rounds() for _ in range(2 * PROBE_REQUESTS)]
+    assert [i for i, a in enumerate(answers) if a] == [PROBE_REQUESTS - 1, 2 * PROBE_REQUESTS - 1]  # probes
+    assert gate.passed == 2 * PROBE_REQUESTS - 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "do not pay" in said[0] and "costs 5.00 plain tokens and emits 2.00" in said[0]
+
+
+def test_gate_returns_to_rounds_when_a_probe_finds_they_pay(caplog: pytest.LogCaptureFixture) -> None:
+    p = _pricer()
+    gate = RouteGate(p)
+    _rounds(p, 3, MIN_ROUNDS, tokens=2, seconds=0.05)
+    assert not gate.rounds()
+    _rounds(p, MAX_BUCKET, MIN_ROUNDS, tokens=8, seconds=0.04)  # a probe's long matches: 200 tokens/s
+    with caplog.at_level(logging.INFO, "draftgate.vllm_rounds"):
+        assert all(gate.rounds() for _ in range(2 * PROBE_REQUESTS))
+    assert gate.passed == 1
+    assert any("pay again" in r.getMessage() for r in caplog.records)

@@ -102,3 +102,10 @@ def test_round_cost_asks_for_each_kind_of_request_and_reports_medians(monkeypatc
     for body in bodies:
         sp = body["sampling_params"]
         assert sp["temperature"] == 0.0 and sp["ignore_eos"] is True and sp["detokenize"] is False
+
+
+def test_counters_sum_engines_and_default_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = METRICS + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7.0\n'
+    _serve(monkeypatch, httpx.MockTransport(lambda req: httpx.Response(200, text=text)))
+    assert probes.prefix_cache(URL) == (150.0, 500.0)
+    assert probes.spec_decode(URL) == (7.0, 0.0, 0.0)  # a counter vLLM does not export counts 0

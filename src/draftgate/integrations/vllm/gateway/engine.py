@@ -3,8 +3,10 @@
 Not a loop of its own: ``Engine`` runs every request (drafting, stats, stops) over
 ``vllm_target.VllmRoundTarget``, whose declared pricer (``TargetInfo.pricer``) tells the engine's
 policy which lookup drafts are worth a scoring round on this server. This class checks the
-server at start (``vllm_checks``) and keeps sampled requests off the drafts: they run on vLLM's
-own decoding (exact by construction).
+server at start (``checks``) and sends a request to vLLM's own decoding, relayed untouched
+(``plugin_route.VllmPluginBackend`` as a pass-through), where rounds cannot help it: a sampled
+request (exact by construction), a request that does not speculate, and any greedy request while
+rounds do not pay on this server with an adaptive K (``pricing.RouteGate``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import httpx
 from draftgate.drafters.base import Drafter
 from draftgate.engine import Engine, Sink
 from draftgate.integrations.vllm.gateway.checks import ServerFacts, VllmTargetError, check_numerics, check_rows
+from draftgate.integrations.vllm.gateway.plugin_route import VllmPluginBackend
+from draftgate.integrations.vllm.gateway.pricing import RouteGate
 from draftgate.integrations.vllm.gateway.target import VllmRoundTarget
 from draftgate.integrations.vllm.gateway.wire import VllmWire
 from draftgate.models.tokenizer import TextTokenizer
@@ -50,6 +54,10 @@ class VllmTargetEngine(Engine):
         check_rows(self.wire, tokenizer)
         margin = check_numerics(self.wire, tokenizer)
         self.rounds_target = VllmRoundTarget(self.wire, tokenizer, facts.max_context, max_concurrent, margin=margin)
+        self.gate = RouteGate(self.rounds_target.pricer)
+        self.passthrough = VllmPluginBackend(
+            url, tokenizer, None, None, max_queue=max_queue, client=client, facts=facts, passthrough=True
+        )
         super().__init__(
             self.rounds_target,
             drafter,
@@ -62,11 +70,18 @@ class VllmTargetEngine(Engine):
     def submit(  # type: ignore[override]
         self, prompt_ids: list[int], params: SamplingParams, sink: Sink, speculate: bool = True
     ) -> Callable[[], None]:
-        # Sampled requests: vLLM's own sampling, start to end (one stream; nothing drafted or verified here).
-        return super().submit(prompt_ids, params, sink, speculate and params.greedy)
+        rounds = speculate and params.greedy and self.speculation_enabled and self.drafter is not None
+        # A fixed K scores every draft whatever a round costs (as the policy does); an adaptive one asks the gate.
+        if rounds and (self.k is not None or self.gate.rounds()):
+            return super().submit(prompt_ids, params, sink, True)
+        return self.passthrough.submit(prompt_ids, params, sink, speculate=False)
+
+    @property
+    def num_running(self) -> int:
+        return super().num_running + self.passthrough.num_running
 
     def verification_counts(self) -> dict[str, int]:
-        return self.rounds_target.counts()
+        return {**self.rounds_target.counts(), "passed_through": self.gate.passed}
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -64,7 +64,10 @@ class VllmPluginBackend(Backend):
         timeout_s: float = 600.0,
         client: httpx.Client | None = None,
         facts: ServerFacts | None = None,
+        passthrough: bool = False,
     ) -> None:
+        """``passthrough``: the relay of a rounds route (``engine.VllmTargetEngine``): every request is
+        vLLM's own decoding, reported as ``target_decoded``."""
         if proposer_drafter is not None and proposer_drafter not in PROPOSER_DRAFTERS:
             raise ValueError(
                 f"a vllm+http:// route drafts with DraftGate's proposer inside vLLM: drafter must be one of "
@@ -74,6 +77,7 @@ class VllmPluginBackend(Backend):
         self.tokenizer = tokenizer
         self._drafter = drafter  # local, for shadow replays; None: the route never speculates
         self.proposer_drafter = proposer_drafter
+        self.passthrough = passthrough
         self.k, self.k_max = k, k_max
         self.max_queue = max_queue
         self.speculation_enabled = drafter is not None
@@ -162,7 +166,7 @@ class VllmPluginBackend(Backend):
     def _stats(self, body: dict[str, Any]) -> SpecStats:
         """The drafter the request ran with; vLLM reports no per-request counts (see its /metrics)."""
         on = body["vllm_xargs"][SPECULATE] and self.proposer_drafter is not None
-        return SpecStats(drafter=self.proposer_drafter if on else "none")  # type: ignore[arg-type]
+        return SpecStats(drafter=self.proposer_drafter if on else "none", target_decoded=self.passthrough)  # type: ignore[arg-type]
 
     def _run(self, body: dict[str, Any], params: SamplingParams, sink: Sink, stop: threading.Event) -> None:
         text = IncrementalText(StopChecker(self.tokenizer, params))

@@ -14,23 +14,33 @@ context its lookup matched), from what rounds with that evidence actually gave o
 A draft too short to pay even if all of it is accepted (its tokens + 1 take less time plainly
 than a round does) is never scored. Otherwise a draft is scored when its bucket's round rate
 beats the plain rate, or when the bucket has too few rounds to tell (each bucket is tried), or,
-once in ``PROBE_EVERY`` declines, to re-measure (a shared machine's speed drifts). Pure Python,
-thread-safe.
+once in ``PROBE_EVERY`` declines, to re-measure (a shared machine's speed drifts).
+
+Per request, ``RouteGate`` asks the same prices whether rounds pay on this server at all: where no
+evidence bucket's measured rounds beat plain decoding (``RoundPricer.verdict``), greedy requests
+pass through to vLLM's own decoding, relayed untouched (one in ``PROBE_REQUESTS`` still runs rounds,
+so a change is seen). A round pays when it emits more tokens than it costs plain tokens: the
+break-even round cost is the tokens a scored round emits (``tokens_per_round``), logged with the
+measured cost (``breakeven``) at each switch. Pure Python, thread-safe.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 from collections import deque
 from typing import Final
 
-__all__ = ["RoundPricer", "MAX_BUCKET", "MIN_ROUNDS", "PROBE_EVERY"]
+__all__ = ["RoundPricer", "RouteGate", "MAX_BUCKET", "MIN_ROUNDS", "PROBE_EVERY", "PROBE_REQUESTS"]
+
+log = logging.getLogger("draftgate.vllm_rounds")
 
 MAX_BUCKET: Final = 8  # contexts of 8 tokens or more share one bucket
 MIN_ROUNDS: Final = 4  # rounds a bucket needs before it can be declined
 PROBE_EVERY: Final = 32  # a declined bucket scores one draft in this many
 WINDOW: Final = 24  # rounds per bucket, gaps per stream, kept
+PROBE_REQUESTS: Final = 8  # while rounds do not pay, one greedy request in this many still runs them
 
 
 class RoundPricer:
@@ -90,6 +100,27 @@ class RoundPricer:
             round_s = statistics.median(self._round_s)
         return round_s / step
 
+    def tokens_per_round(self) -> float | None:
+        """Tokens a scored round emitted, on average over the buckets' recent rounds (None before any):
+        the round cost, in plain tokens, below which rounds pay."""
+        with self._lock:
+            obs = [t for rounds in self._rounds.values() for t, _ in rounds]
+        return sum(obs) / len(obs) if obs else None
+
+    def verdict(self) -> bool | None:
+        """Do rounds pay on this server? None: no bucket has rounds enough to tell; else whether any
+        measured bucket's rounds emit faster than plain decoding."""
+        step = self.step()
+        with self._lock:
+            rates = [
+                sum(t for t, _ in obs) / max(1e-9, sum(s for _, s in obs))
+                for obs in self._rounds.values()
+                if len(obs) >= MIN_ROUNDS
+            ]
+        if step is None or not rates:
+            return None
+        return any(rate * step > 1.0 for rate in rates)
+
     def worth(self, context: int, length: int | None = None) -> bool:
         """Score this draft of ``length`` tokens? (see the module doc)."""
         if length is not None and length + 1 < self.breakeven():
@@ -112,3 +143,41 @@ class RoundPricer:
                 b: round(r * step, 3) for b in range(MAX_BUCKET + 1) if step and (r := self.round_rate(b)) is not None
             },
         }
+
+
+class RouteGate:
+    """Per greedy request: the gateway's rounds, or vLLM's own decoding relayed (see the module doc)."""
+
+    def __init__(self, pricer: RoundPricer) -> None:
+        self.pricer = pricer
+        self.passed = 0  # greedy requests passed through because rounds did not pay
+        self._passing = False
+        self._declined = 0
+        self._lock = threading.Lock()
+
+    def rounds(self) -> bool:
+        """Run this request's rounds (True), or pass it through (False)."""
+        pay = self.pricer.verdict()
+        with self._lock:
+            if pay is not False:
+                if self._passing:
+                    self._passing = False
+                    log.info("vllm rounds pay again here (%s): greedy requests run rounds", self._prices())
+                return True
+            if not self._passing:
+                self._passing = True
+                log.info(
+                    "vllm rounds do not pay here (%s): greedy requests pass through to vLLM's own decoding, "
+                    "one in %d still runs rounds",
+                    self._prices(),
+                    PROBE_REQUESTS,
+                )
+            self._declined += 1
+            if self._declined % PROBE_REQUESTS == 0:
+                return True
+            self.passed += 1
+            return False
+
+    def _prices(self) -> str:
+        cost, made = self.pricer.breakeven(), self.pricer.tokens_per_round()
+        return f"a scoring round costs {cost:.2f} plain tokens and emits {made or 0:.2f}: they pay below that"

@@ -1,28 +1,31 @@
-"""vLLM alone, vLLM's own ``ngram`` and vLLM with DraftGate's proposer, side by side on one machine.
+"""vLLM alone, vLLM's own speculation (``ngram``, ``suffix``) and DraftGate inside or in front of
+vLLM, side by side on one machine, one vLLM up at a time.
 
     python -m draftgate.integrations.vllm.tools.compare --vllm-python PY --model HF_FOLDER \\
-        --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-ngram,dg-auto
+        --prompts benchmarks/prompts/heldout.jsonl --arms vllm,vllm-suffix,dg-auto --runs 2
 
-Each kind of server runs in its own vLLM process, all up at once (the others' engine cores still
-take CPU on a small machine: compare few arms at a time for the cleanest ratios). Requests go one
-arm at a time, the arms' order rotated per prompt, so drift on a shared machine falls on every arm
-alike. Greedy; each arm's tokens are checked against vLLM alone (``identical``). Multi-turn prompts
-are answered turn by turn, each arm on its own earlier answers. Each conversation carries its own
-``cache_salt``: no arm or run reads KV another computed, so every arm pays its own prefill.
-Throughput is output tokens over wall time of the requests, per category.
+Each arm runs in its own vLLM process, started for the arm and stopped after it, with nothing else
+up (an idle vLLM's engine core still takes CPU on a small machine): a pass is every prompt through
+one arm, and each run passes every arm once, the arms' order reversed on odd runs so drift on a
+shared machine falls on every arm alike. Every run starts each arm cold: no arm or run reads
+another's KV (each conversation also carries its own ``cache_salt``), and DraftGate's cross-request
+memory holds only what the same pass has seen, so every run is a first run. Greedy; each arm's
+tokens are checked against vLLM alone's first run (``identical``). Multi-turn prompts are answered
+turn by turn, each arm on its own earlier answers. Throughput is output tokens over wall time of
+the requests, per category; the table quotes the median of runs.
 
-Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``dg-auto``, ``dg-suffix``,
-``dg-ngram``, ``dg-remote`` (DraftGate's proposer, drafter picked per request through
-``vllm_xargs``; ``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram`` worker this
-tool starts; ``--draft-delay-ms`` puts a delay proxy between them, ``--prefetch off`` turns the
-proposer's precomputation off). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate gateway
-(``draftgate serve --target vllm+http://...``, its own process) in front of vLLM alone, started
-with ``--enable-scale-out``: the gateway drafts and verifies, vLLM scores its drafts and decodes
-its plain stretches; outputs are compared with vLLM alone's as text (the gateway returns no token
-ids), and vLLM's prefix-cache hits during each arm's requests are printed. A gateway keeps its
-drafters' memory for the whole invocation, so a second run drafts answers it has seen: held-out
-figures come from ``--runs 1``. ``gw-none`` (no drafter) isolates the gateway's own cost.
-``make demo-vllm`` runs this on the built-in prompts.
+Arms: ``vllm`` (no speculation), ``vllm-ngram`` (vLLM's prompt lookup), ``vllm-suffix`` (vLLM's
+suffix decoding, Arctic Inference's suffix trees; needs ``arctic-inference`` in vLLM's
+environment: ``VLLM_SUFFIX=1 scripts/vllm_env.sh``), ``dg-auto``, ``dg-suffix``, ``dg-ngram``,
+``dg-remote`` (DraftGate's proposer, drafter picked per request through ``vllm_xargs``;
+``dg-remote`` drafts from a ``draftgate serve-draft --drafter ngram`` worker this tool starts;
+``--draft-delay-ms`` puts a delay proxy between them, ``--prefetch off`` turns the proposer's
+precomputation off). ``gw-suffix``, ``gw-auto``, ``gw-ngram``: a DraftGate gateway (``draftgate
+serve --target vllm+http://...``, its own process) in front of vLLM alone started with
+``--enable-scale-out``: the gateway drafts and verifies, vLLM scores its drafts and decodes its
+plain stretches; outputs are compared with vLLM alone's as text (the gateway returns no token ids),
+and vLLM's prefix-cache hits during each arm's requests are printed. ``gw-none`` (no drafter)
+isolates the gateway's own cost. ``make demo-vllm`` runs this on the built-in prompts.
 """
 
 from __future__ import annotations
@@ -34,19 +37,19 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
-from draftgate.integrations.vllm.tools.compare_servers import Arm, RemoteTier, start_servers
+from draftgate.integrations.vllm.tools.compare_servers import Arm, ArmServers, RemoteTier, arm_servers
 from draftgate.integrations.vllm.tools.launch import SERVED_NAME, VllmEnv
-from draftgate.integrations.vllm.tools.probes import prefix_cache, round_cost
+from draftgate.integrations.vllm.tools.probes import prefix_cache, round_cost, spec_decode
 
 __all__ = ["ARMS", "Arm", "main"]
 
@@ -56,6 +59,7 @@ ARMS = {
     for a in (
         Arm("vllm", "plain", what="vLLM alone"),
         Arm("vllm-ngram", "ngram", what="vLLM's own ngram speculation"),
+        Arm("vllm-suffix", "suffix", what="vLLM's own suffix decoding (Arctic Inference)"),
         Arm(
             "dg-auto",
             "draftgate",
@@ -131,64 +135,87 @@ def _conversation(
     return ids, total, drafted
 
 
-def _url(urls: Mapping[str, str], arm: Arm) -> str:
-    return urls[arm.name] if arm.gateway else urls[arm.server]
-
-
 def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
     """One turn's output equal: token ids where both arms returned them, else text."""
     return a[0] == b[0] if isinstance(a[0], list) and isinstance(b[0], list) else a[1] == b[1]
 
 
+@dataclass
+class ArmReport:
+    """What one arm's passes saw besides throughput: vLLM's prefix cache during its requests (prompt
+    tokens), drafts the gateway scored, the proposer's per-drafter totals."""
+
+    cache_hits: float = 0.0
+    cache_queries: float = 0.0
+    spec: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # vLLM's drafts, draft tokens, accepted
+    gateway_drafts: int = 0
+    drafters: dict[str, dict[str, float]] = field(default_factory=dict)
+    remote: list[Any] = field(default_factory=list)
+
+    def add_stats(self, stats: Mapping[str, Any]) -> None:
+        for name, d in stats.get("drafters", {}).items():
+            mine = self.drafters.setdefault(name, {})
+            for key, value in d.items():
+                if isinstance(value, int | float):
+                    mine[key] = mine.get(key, 0) + value
+        if "remote" in stats:
+            self.remote.append(stats["remote"])
+
+
 def run_compare(
-    urls: Mapping[str, str],
+    start: Callable[[Arm], AbstractContextManager[ArmServers]],
     arms: Sequence[Arm],
     prompts: Sequence[BenchPrompt],
     runs: int,
     concurrency: int,
     max_tokens: int,
-) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, list[float]]]:
-    """Tallies per (arm, category) per run, and vLLM's prefix-cache [hits, queries] during each arm's
-    requests with the drafts they scored (prompt tokens no cache can hold)."""
+    after: Callable[[Arm, ArmServers], None] | None = None,
+) -> tuple[dict[tuple[str, str], list[Tally]], dict[str, ArmReport]]:
+    """Tallies per (arm, category) per run, and each arm's report. ``start(arm)`` brings up the
+    arm's servers for one pass; ``after(arm, servers)`` runs at the end of each pass, servers up."""
     tallies: dict[tuple[str, str], list[Tally]] = defaultdict(lambda: [Tally() for _ in range(runs)])
-    outputs: dict[str, dict[str, list[Any]]] = defaultdict(dict)
-    cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    outputs: dict[tuple[str, int], dict[str, list[Any]]] = defaultdict(dict)
+    reports = {arm.name: ArmReport() for arm in arms}
     groups = [list(prompts[i : i + concurrency]) for i in range(0, len(prompts), concurrency)]
-    total, done = runs * len(groups) * len(arms), 0
+    passes = [(run, arm) for run in range(runs) for arm in (arms if run % 2 == 0 else arms[::-1])]
     with httpx.Client(timeout=600) as client, ThreadPoolExecutor(concurrency) as pool:
-        for run in range(runs):
-            for gi, group in enumerate(groups):
-                shift = (run + gi) % len(arms)
-                for arm in [*arms[shift:], *arms[:shift]]:
-                    h0, q0 = prefix_cache(urls[arm.server])
+        for done, (run, arm) in enumerate(passes):
+            print(f"[{done + 1}/{len(passes)}] run {run + 1}: starting {arm.name} ...", file=sys.stderr, flush=True)
+            with start(arm) as srv:
+                report = reports[arm.name]
+                h0, q0 = prefix_cache(srv.vllm)
+                s0 = spec_decode(srv.vllm)
+                for gi, group in enumerate(groups):
                     t0 = time.perf_counter()
                     results = list(
-                        pool.map(lambda p, a=arm: _conversation(client, _url(urls, a), p, a, max_tokens), group)
+                        pool.map(lambda p, a=arm, u=srv.url: _conversation(client, u, p, a, max_tokens), group)
                     )
                     wall = time.perf_counter() - t0
-                    h1, q1 = prefix_cache(urls[arm.server])
-                    cache[arm.name][0] += h1 - h0
-                    cache[arm.name][1] += q1 - q0
-                    cache[arm.name][2] += sum(r[2] for r in results)
+                    report.gateway_drafts += sum(r[2] for r in results)
                     for p, (ids, _, _) in zip(group, results, strict=True):
                         t = tallies[(arm.name, p.category)][run]
                         t.tokens += sum(x if isinstance(x, int) else len(x) for x, _ in ids)
                         t.requests += len(ids)
                         t.seconds += wall / len(group)  # the group's wall time, shared by its requests
-                        if run == 0:
-                            outputs[arm.name][p.id] = ids
-                    done += 1
-                    print(f"\r{done}/{total} prompt groups", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    base = outputs.get("vllm", {})
-    for arm in arms:
+                        outputs[(arm.name, run)][p.id] = ids
+                    print(f"\r  {gi + 1}/{len(groups)} prompt groups", end="", file=sys.stderr, flush=True)
+                print(file=sys.stderr)
+                h1, q1 = prefix_cache(srv.vllm)
+                report.cache_hits += h1 - h0
+                report.cache_queries += q1 - q0
+                report.spec = [a + b - c for a, b, c in zip(report.spec, spec_decode(srv.vllm), s0, strict=True)]
+                if srv.control:
+                    report.add_stats(httpx.get(f"{srv.control}/stats", timeout=10).json())
+                if after is not None:
+                    after(arm, srv)
+    base = outputs.get(("vllm", 0), {})
+    for (name, run), mine in outputs.items():
         for p in prompts:
-            if p.id in base:
-                t = tallies[(arm.name, p.category)][0]
+            if p.id in base and p.id in mine:
+                t = tallies[(name, p.category)][run]
                 t.compared += 1
-                mine = outputs[arm.name][p.id]
-                t.identical += int(len(mine) == len(base[p.id]) and all(map(_same, mine, base[p.id])))
-    return tallies, cache
+                t.identical += int(len(mine[p.id]) == len(base[p.id]) and all(map(_same, mine[p.id], base[p.id])))
+    return tallies, reports
 
 
 # Rows that sum categories of the held-out prompt set: where drafts come from the context, and where they do not.
@@ -252,16 +279,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--model", type=Path, required=True, help="the model's Hugging Face folder (scripts/vllm_env.sh prints it)"
     )
-    ap.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file (default: the built-in prompts)")
+    ap.add_argument(
+        "--prompts", type=Path, action="append", help="JSONL prompt file, repeatable (default: the built-in prompts)"
+    )
     ap.add_argument("--limit", type=int, default=None, help="at most N prompts")
     ap.add_argument("--arms", default="vllm,vllm-ngram,dg-auto", help="comma-separated arms (default: %(default)s)")
     ap.add_argument(
-        "--runs", type=int, default=1, help="passes over the prompts, arms interleaved (default: %(default)s)"
+        "--runs",
+        type=int,
+        default=1,
+        help="runs; each passes every arm once, in its own fresh vLLM (default: %(default)s)",
     )
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight per arm (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: %(default)s)")
     ap.add_argument(
-        "--k", type=int, default=8, help="DraftGate's largest K, num_speculative_tokens (default: %(default)s)"
+        "--k",
+        type=int,
+        default=24,
+        help="DraftGate's largest K, num_speculative_tokens (default: %(default)s, vLLM suffix's own default)",
     )
     ap.add_argument("--ngram-k", type=int, default=8, help="K of vLLM's own ngram arm (default: %(default)s)")
     ap.add_argument(
@@ -287,59 +322,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arms[0].name != "vllm" and "vllm" in a.arms.split(","):
         arms.remove(ARMS["vllm"])
         arms.insert(0, ARMS["vllm"])
-    prompts = load_prompts(a.prompts or builtin_prompts_path(), limit=a.limit)
+    prompts = [p for f in a.prompts or [builtin_prompts_path()] for p in load_prompts(f)][: a.limit]
     a.out.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        remote = RemoteTier(a.draft_delay_ms, a.prefetch == "on")
-        urls, control = start_servers(stack, VllmEnv(a.vllm_python, a.model), arms, a.k, a.ngram_k, a.out, remote)
-        tallies, cache = run_compare(urls, arms, prompts, a.runs, a.concurrency, a.max_tokens)
-        cost = None
-        if any(x.gateway for x in arms):
+    env, remote = VllmEnv(a.vllm_python, a.model), RemoteTier(a.draft_delay_ms, a.prefetch == "on")
+    costs: list[dict[str, float]] = []
+
+    def start(arm: Arm) -> AbstractContextManager[ArmServers]:
+        return arm_servers(env, arm, a.k, a.ngram_k, a.out, remote)
+
+    def after(arm: Arm, srv: ArmServers) -> None:
+        if arm.gateway is not None and not costs:  # what a round costs on the vLLM behind a gateway, once
             from draftgate.models.loader import load_model_info
 
             tok = load_model_info(str(a.model)).tokenizer
             longest = max(prompts, key=lambda p: len(p.turns[0]))
-            cost = round_cost(urls["plain"], tok.encode_chat(longest.messages(0, [])))
-        stats = httpx.get(f"{control}/stats", timeout=10).json() if control else None
+            costs.append(round_cost(srv.vllm, tok.encode_chat(longest.messages(0, []))))
+
+    tallies, reports = run_compare(start, arms, prompts, a.runs, a.concurrency, a.max_tokens, after)
     cats = list(dict.fromkeys(p.category for p in prompts))
     table = render(tallies, arms, cats, a.concurrency)
     print(table)
-    prefill = cache["vllm"][1] if "vllm" in cache else 0.0  # every conversation's first prompt (salted: new to vLLM)
-    for arm in arms:
-        h, q, drafted = cache.get(arm.name, (0.0, 0.0, 0.0))
-        if q:
-            line = f"{arm.name}: vLLM's prefix cache held {h:.0f} of the {q:.0f} prompt tokens asked for ({h / q:.1%})"
-            rest = q - prefill - drafted
-            if arm.gateway and rest > 0:
-                line += f"; {h / rest:.1%} of those past the first prompts and the {drafted:.0f} drafts scored"
-            print(line)
-    if cost:
-        print(
-            f"a round on vLLM's token route ({cost['prompt_tokens']} prompt tokens + {cost['k']} drafts): "
-            f"{cost['score_ms']:.1f} ms = {cost['score_ms'] / cost['token_ms']:.2f} plain tokens of "
-            f"{cost['token_ms']:.1f} ms; any request (max_tokens 1): {cost['request_ms']:.1f} ms"
-        )
-    if stats:
-        for name, s in stats["drafters"].items():
-            if s["drafted"]:
-                print(f"DraftGate {name}: {s['accepted']}/{s['drafted']} drafts accepted, {s['rounds']} rounds")
-        if "remote" in stats:
-            print(f"remote tier: {stats['remote']}")
+    _print_reports(arms, reports, costs[0] if costs else None)
     results = {
         "arms": [a.name for a in arms],
         "runs": a.runs,
         "concurrency": a.concurrency,
         "max_tokens": a.max_tokens,
         "tallies": {f"{arm}/{cat}": [vars(t) for t in ts] for (arm, cat), ts in tallies.items()},
-        "proposer": stats,
+        "reports": {name: vars(r) for name, r in reports.items()},
         "table": table,
-        "round_cost": cost,
-        "prefix_cache": {k: {"hits": v[0], "queries": v[1], "drafts": v[2]} for k, v in cache.items()},
+        "round_cost": costs[0] if costs else None,
     }
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts[:1])
-    print("identical outputs: " + ("yes, every arm" if same else "NO (see the table)"))
+    same = all(t.identical == t.compared for (arm, _), ts in tallies.items() if arm != "vllm" for t in ts)
+    print("identical outputs: " + ("yes, every arm and run" if same else "NO (see the table)"))
     return 0 if same else 1
+
+
+def _print_reports(arms: Sequence[Arm], reports: Mapping[str, ArmReport], cost: Mapping[str, float] | None) -> None:
+    base = reports.get("vllm")
+    prefill = base.cache_queries if base else 0.0  # every conversation's first prompts (salted: new to vLLM)
+    for arm in arms:
+        r = reports[arm.name]
+        if r.cache_queries:
+            h, q = r.cache_hits, r.cache_queries
+            line = f"{arm.name}: vLLM's prefix cache held {h:.0f} of the {q:.0f} prompt tokens asked for ({h / q:.1%})"
+            rest = q - prefill - r.gateway_drafts
+            if arm.gateway and rest > 0:
+                line += f"; {h / rest:.1%} of those past the first prompts and the {r.gateway_drafts} drafts scored"
+            print(line)
+        drafts, drafted, accepted = r.spec
+        if drafts:
+            print(
+                f"{arm.name}: vLLM verified {drafts:.0f} drafts, {drafted / drafts:.1f} tokens each, "
+                f"{accepted / drafted:.1%} accepted ({accepted / drafts:.2f} a draft)"
+            )
+        for name, d in r.drafters.items():
+            if d.get("drafted"):
+                print(
+                    f"{arm.name}: DraftGate {name}: {d['accepted']:.0f}/{d['drafted']:.0f} drafts accepted, "
+                    f"{d['rounds']:.0f} rounds"
+                )
+        for remote in r.remote:
+            print(f"{arm.name}: remote tier: {remote}")
+    if cost:
+        print(
+            f"a round on vLLM's token route ({cost['prompt_tokens']} prompt tokens + {cost['k']} drafts): "
+            f"{cost['score_ms']:.1f} ms = {cost['score_ms'] / cost['token_ms']:.2f} plain tokens of "
+            f"{cost['token_ms']:.1f} ms; any request (max_tokens 1): {cost['request_ms']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
-"""The processes a vLLM comparison runs (``integrations.vllm.tools.compare``): vLLM servers per arm, a
-DraftGate gateway in front of one, a draft worker for the remote arm; each started on loopback and
-stopped with the comparison."""
+"""The processes one arm of a vLLM comparison runs (``integrations.vllm.tools.compare``): its own
+vLLM server, a DraftGate gateway in front of it for the gateway arms, a draft worker for the remote
+arm; each started on loopback and stopped when the arm's pass ends, so one arm is up at a time."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +25,13 @@ from draftgate.integrations.vllm.tools.launch import (
     vllm_server,
 )
 
-__all__ = ["Arm", "RemoteTier", "start_servers"]
+__all__ = ["Arm", "ArmServers", "RemoteTier", "arm_servers"]
 
 
 @dataclass(frozen=True)
 class Arm:
     name: str
-    server: str  # "plain" | "ngram" | "draftgate": which vLLM process serves it
+    server: str  # "plain" | "ngram" | "suffix" | "draftgate": how its vLLM is started
     xargs: Mapping[str, Any] = field(default_factory=dict)
     what: str = ""
     gateway: str | None = None  # a DraftGate gateway with this drafter in front of the server (its own rounds)
@@ -110,39 +110,47 @@ class RemoteTier:
         return f"http://127.0.0.1:{port}"
 
 
-def start_servers(
-    stack: ExitStack, env: VllmEnv, arms: Sequence[Arm], k: int, ngram_k: int, logs: Path, remote: RemoteTier
-) -> tuple[dict[str, str], str | None]:
-    """Start the vLLM processes the arms need, one after another; their URLs, and the proposer's side server."""
-    need = {a.server for a in arms}
-    urls: dict[str, str] = {}
-    control = None
-    for server in ("plain", "ngram", "draftgate"):
-        if server not in need:
-            continue
-        print(f"starting vLLM ({server}) ...", file=sys.stderr, flush=True)
-        spec: dict[str, Any] | None = None
+# vLLM's speculative config per kind of server (None: plain decoding).
+def _spec(server: str, k: int, ngram_k: int) -> dict[str, Any] | None:
+    if server == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if server == "suffix":
+        # vLLM's defaults (tree depth 24, K up to 24, spec factor 1, min token probability 0.1): what a user gets.
+        return {"method": "suffix"}
+    if server == "draftgate":
+        return draftgate_spec(k)
+    return None
+
+
+@dataclass(frozen=True)
+class ArmServers:
+    url: str  # where the arm's requests go: its gateway, or vLLM itself
+    vllm: str  # the vLLM server behind it
+    control: str | None  # the proposer's side server (DraftGate arms inside vLLM)
+
+
+@contextmanager
+def arm_servers(env: VllmEnv, arm: Arm, k: int, ngram_k: int, logs: Path, remote: RemoteTier) -> Iterator[ArmServers]:
+    """The processes one arm needs, and nothing else: its own vLLM (with the gateway in front for
+    ``gw-*`` arms, the draft worker for ``dg-remote``), stopped when the block ends."""
+    with ExitStack() as stack:
         extra: dict[str, str] = {}
-        if server == "ngram":
-            spec = {
-                "method": "ngram",
-                "num_speculative_tokens": ngram_k,
-                "prompt_lookup_max": 4,
-                "prompt_lookup_min": 2,
-            }
-        elif server == "draftgate":
-            spec = draftgate_spec(k)
+        control = None
+        if arm.server == "draftgate":
             port = free_port()
             extra["DRAFTGATE_VLLM_CONTROL_PORT"] = str(port)
             control = f"http://127.0.0.1:{port}"
-            if any(a.name == "dg-remote" for a in arms):
+            if arm.name == "dg-remote":
                 extra["DRAFTGATE_VLLM_DRAFT_URL"] = remote.url(stack)
                 extra["DRAFTGATE_VLLM_PREFETCH"] = "1" if remote.prefetch else "0"
-        # vLLM alone also serves its token route: the gateway arms' rounds score through it.
-        launch = VllmLaunch(env, spec, extra, log=logs / f"vllm-{server}.log", scale_out=server == "plain")
-        urls[server] = stack.enter_context(vllm_server(launch))
-    for a in arms:
-        if a.gateway is not None:
-            print(f"starting the DraftGate gateway ({a.name}) ...", file=sys.stderr, flush=True)
-            urls[a.name] = stack.enter_context(_gateway(urls[a.server], a.gateway, free_port()))
-    return urls, control
+        # A gateway's rounds score through vLLM's token route (--enable-scale-out).
+        launch = VllmLaunch(
+            env,
+            _spec(arm.server, k, ngram_k),
+            extra,
+            log=logs / f"vllm-{arm.name}.log",
+            scale_out=arm.gateway is not None,
+        )
+        vllm = stack.enter_context(vllm_server(launch))
+        url = stack.enter_context(_gateway(vllm, arm.gateway, free_port())) if arm.gateway is not None else vllm
+        yield ArmServers(url, vllm, control)

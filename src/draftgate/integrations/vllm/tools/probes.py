@@ -1,4 +1,4 @@
-"""Measurements of a running vLLM for the comparison: its prefix-cache counters, what a round costs."""
+"""Measurements of a running vLLM for the comparison: its prefix-cache and speculation counters, what a round costs."""
 
 from __future__ import annotations
 
@@ -9,17 +9,36 @@ from typing import Any
 
 import httpx
 
-__all__ = ["prefix_cache", "round_cost"]
+__all__ = ["counters", "prefix_cache", "round_cost", "spec_decode"]
+
+
+def counters(url: str, names: Sequence[str]) -> dict[str, float]:
+    """vLLM's counters so far (summed over engines and labels; 0 for one it does not export)."""
+    got = dict.fromkeys(names, 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in got:
+            got[name] += float(line.rsplit(" ", 1)[1])
+    return got
 
 
 def prefix_cache(url: str) -> tuple[float, float]:
     """vLLM's prefix-cache (hits, queries) so far, in prompt tokens."""
-    got = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
-            if line.startswith(name + "{"):
-                got[name] = got.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return got.get("vllm:prefix_cache_hits_total", 0.0), got.get("vllm:prefix_cache_queries_total", 0.0)
+    c = counters(url, ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
+    return c["vllm:prefix_cache_hits_total"], c["vllm:prefix_cache_queries_total"]
+
+
+SPEC = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
+
+
+def spec_decode(url: str) -> tuple[float, float, float]:
+    """vLLM's speculative-decoding (drafts, draft tokens, accepted tokens) so far: any method's."""
+    c = counters(url, SPEC)
+    return c[SPEC[0]], c[SPEC[1]], c[SPEC[2]]
 
 
 def round_cost(url: str, prompt_ids: Sequence[int], k: int = 16, reps: int = 5) -> dict[str, float]:
