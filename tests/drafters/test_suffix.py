@@ -42,7 +42,7 @@ def _next_counts(texts: list[list[int]], depth: int) -> dict[Ctx, Counter[int]]:
 def _ref_candidate(
     table: dict[Ctx, Counter[int]], hist: list[int], k: int, depth: int, min_prob: float
 ) -> tuple[list[int], float]:
-    max_ctx = max(1, depth - k)
+    max_ctx = max(depth - k, depth // 2)
     for m in range(min(max_ctx, len(hist)), 0, -1):
         ctx = tuple(hist[len(hist) - m :])
         if sum(table.get(ctx, Counter()).values()) > 0:
@@ -203,11 +203,20 @@ def test_truncated_history_is_reindexed() -> None:
     assert _propose(d, [9, 8, 9, 8, 9], k=2) == [8, 9]  # same length, new last token
 
 
-def test_depth_limit_leaves_room_for_the_draft() -> None:
+def test_depth_limit_is_shared_by_context_and_draft() -> None:
     d = SuffixDrafter(max_depth=4)
     hist = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
-    assert _propose(d, hist, k=3) == [4, 5, 6]  # context of 1 token, 3 drafted
-    assert _propose(d, hist, k=8) == [4, 5, 6]  # never more than max_depth - 1
+    assert _propose(d, hist, k=1) == [4]  # context of 3 tokens, 1 drafted
+    assert _propose(d, hist, k=3) == [4, 5]  # the context keeps half the depth: 2 tokens, 2 drafted
+    assert _propose(d, hist, k=8) == [4, 5]
+
+
+def test_a_large_k_does_not_draft_from_a_one_token_context() -> None:
+    d = SuffixDrafter(max_depth=8)
+    # After "5 1" comes 9 once; after "1" alone 2 comes twice: a one-token context would draft 2.
+    hist = [1, 2, 0, 1, 2, 0, 5, 1, 9, 9, 7, 5, 1]
+    assert _propose(d, hist, k=1) == [9]
+    assert _propose(d, hist, k=24)[:1] == [9]  # K beyond the depth: the context still has 4 tokens
 
 
 def test_bad_arguments_raise() -> None:

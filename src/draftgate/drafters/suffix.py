@@ -11,8 +11,10 @@ speculation. Two count tries over depth-limited substrings are kept:
   the same text across requests.
 
 Proposing: take the longest suffix of the history (the *context*, at most
-``max_depth - k`` tokens so the draft has room inside the depth limit, at least
-one token) that occurred before with a following token, then walk greedily to
+``max_depth - k`` tokens so the draft has room inside the depth limit, but never
+capped below half the depth: a K near the depth then gets a shorter draft, not
+one drawn from a one-token context) that occurred before with a following
+token, then walk greedily to
 the most frequent child. The empirical probability of a step is
 ``count(child) / out(node)``, where ``out`` counts the occurrences of the node
 that have a next token (the current occurrence at the end of the history has
@@ -288,7 +290,7 @@ class SuffixDrafter:
         req = self._sync(seq_id, tokens)
         if k <= 0:
             return SuffixMatch([], False, 0, 0.0)
-        max_ctx = max(1, self.max_depth - k)
+        max_ctx = max(self.max_depth - k, self.max_depth // 2)
         best = SuffixMatch([], False, 0, 0.0)
         m = min(len(req.active), max_ctx)
         if m > 0:

@@ -49,7 +49,7 @@ import httpx
 from draftgate.bench.prompts import BenchPrompt, builtin_prompts_path, load_prompts
 from draftgate.integrations.vllm.tools.compare_servers import Arm, ArmServers, RemoteTier, arm_servers
 from draftgate.integrations.vllm.tools.launch import SERVED_NAME, VllmEnv
-from draftgate.integrations.vllm.tools.probes import prefix_cache, round_cost, spec_decode
+from draftgate.integrations.vllm.tools.probes import counters, prefix_cache, round_cost, spec_decode
 
 __all__ = ["ARMS", "Arm", "main"]
 
@@ -140,6 +140,9 @@ def _same(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
     return a[0] == b[0] if isinstance(a[0], list) and isinstance(b[0], list) else a[1] == b[1]
 
 
+PASSED = "draftgate:vllm_rounds_passed_through_requests_total"
+
+
 @dataclass
 class ArmReport:
     """What one arm's passes saw besides throughput: vLLM's prefix cache during its requests (prompt
@@ -149,6 +152,7 @@ class ArmReport:
     cache_queries: float = 0.0
     spec: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # vLLM's drafts, draft tokens, accepted
     gateway_drafts: int = 0
+    passed_through: float = 0.0  # greedy requests the gateway relayed because its rounds did not pay
     drafters: dict[str, dict[str, float]] = field(default_factory=dict)
     remote: list[Any] = field(default_factory=list)
 
@@ -204,6 +208,8 @@ def run_compare(
                 report.cache_hits += h1 - h0
                 report.cache_queries += q1 - q0
                 report.spec = [a + b - c for a, b, c in zip(report.spec, spec_decode(srv.vllm), s0, strict=True)]
+                if arm.gateway is not None:
+                    report.passed_through += counters(srv.url, [PASSED])[PASSED]
                 if srv.control:
                     report.add_stats(httpx.get(f"{srv.control}/stats", timeout=10).json())
                 if after is not None:
@@ -371,6 +377,8 @@ def _print_reports(arms: Sequence[Arm], reports: Mapping[str, ArmReport], cost: 
             if arm.gateway and rest > 0:
                 line += f"; {h / rest:.1%} of those past the first prompts and the {r.gateway_drafts} drafts scored"
             print(line)
+        if arm.gateway is not None:
+            print(f"{arm.name}: {r.passed_through:.0f} greedy requests relayed untouched: rounds did not pay")
         drafts, drafted, accepted = r.spec
         if drafts:
             print(

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -38,8 +38,9 @@ class Arm:
 
 
 @contextmanager
-def _gateway(target: str, drafter: str, port: int) -> Iterator[str]:
-    """`draftgate serve` in its own process: one route named as vLLM's model, its target the vLLM server."""
+def _gateway(target: str, drafter: str, port: int, log: Path) -> Iterator[str]:
+    """`draftgate serve` in its own process: one route named as vLLM's model, its target the vLLM server;
+    its log (info: the route's decisions, such as rounds not paying) appended to ``log``."""
     cmd = [
         sys.executable,
         "-m",
@@ -54,15 +55,15 @@ def _gateway(target: str, drafter: str, port: int) -> Iterator[str]:
         "--port",
         str(port),
         "--log-level",
-        "warning",
+        "info",
     ]
-    with _process(cmd, port, "the gateway") as url:
+    with open(log, "ab") as out, _process(cmd, port, "the gateway", out) as url:
         yield url
 
 
 @contextmanager
-def _process(cmd: list[str], port: int, what: str) -> Iterator[str]:
-    proc = subprocess.Popen(cmd)
+def _process(cmd: list[str], port: int, what: str, out: IO[bytes] | None = None) -> Iterator[str]:
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -152,5 +153,7 @@ def arm_servers(env: VllmEnv, arm: Arm, k: int, ngram_k: int, logs: Path, remote
             scale_out=arm.gateway is not None,
         )
         vllm = stack.enter_context(vllm_server(launch))
-        url = stack.enter_context(_gateway(vllm, arm.gateway, free_port())) if arm.gateway is not None else vllm
+        url = vllm
+        if arm.gateway is not None:
+            url = stack.enter_context(_gateway(vllm, arm.gateway, free_port(), logs / f"gateway-{arm.name}.log"))
         yield ArmServers(url, vllm, control)
