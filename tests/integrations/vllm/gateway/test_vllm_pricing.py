@@ -185,7 +185,7 @@ def test_break_even_round_cost_is_the_tokens_a_round_emits() -> None:
     _rounds(p, 1, MIN_ROUNDS, tokens=2, seconds=0.035)
     _rounds(p, 5, MIN_ROUNDS, tokens=4, seconds=0.035)
     assert p.tokens_per_round() == pytest.approx(3.0)  # rounds pay while they cost less than 3 plain tokens
-    assert p.breakeven() == pytest.approx(3.5)  # they cost 3.5: on average they do not...
+    assert p.breakeven() == pytest.approx(3.5) and p.round_cost() == pytest.approx(3.5)  # on average they do not...
     assert p.verdict() is True  # ...but the longer matches' do: the route keeps rounds, the pricer declines short ones
     assert not p.worth(1) and p.worth(5)
 
@@ -200,7 +200,7 @@ def test_gate_runs_rounds_until_they_are_known_not_to_pay(caplog: pytest.LogCapt
     assert [i for i, a in enumerate(answers) if a] == [PROBE_REQUESTS - 1, 2 * PROBE_REQUESTS - 1]  # probes
     assert gate.passed == 2 * PROBE_REQUESTS - 2
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 1 and "do not pay" in said[0] and "costs 5.00 plain tokens and emits 2.00" in said[0]
+    assert len(said) == 1 and "do not pay" in said[0] and "cost 5.00 plain tokens and emitted 2.00" in said[0]
 
 
 def test_gate_returns_to_rounds_when_a_probe_finds_they_pay(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,7 +21,7 @@ evidence bucket's measured rounds beat plain decoding (``RoundPricer.verdict``),
 pass through to vLLM's own decoding, relayed untouched (one in ``PROBE_REQUESTS`` still runs rounds,
 so a change is seen). A round pays when it emits more tokens than it costs plain tokens: the
 break-even round cost is the tokens a scored round emits (``tokens_per_round``), logged with the
-measured cost (``breakeven``) at each switch. Pure Python, thread-safe.
+measured cost (``round_cost``) at each switch. Pure Python, thread-safe.
 """
 
 from __future__ import annotations
@@ -107,6 +107,14 @@ class RoundPricer:
             obs = [t for rounds in self._rounds.values() for t, _ in rounds]
         return sum(obs) / len(obs) if obs else None
 
+    def round_cost(self) -> float | None:
+        """What a scored round cost, in plain tokens (reopening a stream included), on average over the
+        buckets' recent rounds (None before any)."""
+        step = self.step()
+        with self._lock:
+            obs = [s for rounds in self._rounds.values() for _, s in rounds]
+        return sum(obs) / len(obs) / step if obs and step else None
+
     def verdict(self) -> bool | None:
         """Do rounds pay on this server? None: no bucket has rounds enough to tell; else whether any
         measured bucket's rounds emit faster than plain decoding."""
@@ -179,5 +187,8 @@ class RouteGate:
             return False
 
     def _prices(self) -> str:
-        cost, made = self.pricer.breakeven(), self.pricer.tokens_per_round()
-        return f"a scoring round costs {cost:.2f} plain tokens and emits {made or 0:.2f}: they pay below that"
+        cost, made = self.pricer.round_cost() or 0.0, self.pricer.tokens_per_round() or 0.0
+        return (
+            f"a scored round cost {cost:.2f} plain tokens and emitted {made:.2f} on average; "
+            "rounds pay where they emit more than they cost"
+        )
