@@ -25,7 +25,7 @@ demo-vllm: $(STAMP)
 	@eval "$$(scripts/vllm_env.sh)" && $(PY) -m draftgate.integrations.vllm.tools.compare \
 		--vllm-python "$$VLLM_PYTHON" --model "$$VLLM_MODEL" --arms vllm,vllm-ngram,dg-auto --out demo-vllm-out
 
-# The vLLM benchmark of docs/BENCHMARKS.md (about 70 minutes on 2 cores), each arm in its own vLLM
+# The vLLM benchmark of docs/BENCHMARKS.md (about 45 minutes on 2 cores), each arm in its own vLLM
 # with nothing else up: held-out and repeated-context prompts inside vLLM (vLLM alone, its ngram and
 # suffix methods, DraftGate's proposer) and in front of it (the gateway's relay and rounds), then the
 # remote draft worker behind 2 ms each way with the proposer's precomputation on and off.
