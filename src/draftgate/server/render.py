@@ -5,8 +5,8 @@ Our extension on every full response and on the final stream chunk:
 mean_accepted_length, approximate, target_decoded, fallback_rounds} for that request (mean
 accepted length counts the bonus or recovered token, so plain decoding reports 1.0;
 ``approximate`` is true when the route verified this request by an approximation it allows:
-sampling on an openai+http target; ``target_decoded`` is true when a sampled request ran
-entirely on the target server's own decoding: a vllm+http round route; ``fallback_rounds``
+sampling on an openai+http target; ``target_decoded`` is true when a request ran entirely
+on the target server's own decoding, relayed by a vllm+http round route; ``fallback_rounds``
 counts rounds whose drafts the target could not score, decoded plainly instead).
 """
 
