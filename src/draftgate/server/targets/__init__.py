@@ -9,7 +9,7 @@ Target specs (``--target`` / a route's ``target`` key):
   not own (llama.cpp's server), verified through its echoed prompt
   log-probabilities (``OpenAITargetEngine``; greedy only unless the route sets
   ``allow_approximate``);
-* ``vllm+http://HOST:PORT`` -- a vLLM server, in the mode it offers (``vllm_checks.connect``):
+* ``vllm+http://HOST:PORT`` -- a vLLM server, in the mode it offers (``integrations.vllm.gateway.checks.connect``):
   running DraftGate's proposer, vLLM drafts and verifies and the gateway switches speculation
   per request (``VllmPluginBackend``); started with ``--enable-scale-out``, the gateway drafts
   and verifies and vLLM scores the drafts and decodes the plain stretches (``VllmTargetEngine``).

@@ -181,11 +181,12 @@ def test_one_paying_bucket_makes_rounds_pay() -> None:
 
 def test_break_even_round_cost_is_the_tokens_a_round_emits() -> None:
     p = _pricer()
-    assert p.tokens_per_round() is None
+    assert p.average_round() is None
     _rounds(p, 1, MIN_ROUNDS, tokens=2, seconds=0.035)
     _rounds(p, 5, MIN_ROUNDS, tokens=4, seconds=0.035)
-    assert p.tokens_per_round() == pytest.approx(3.0)  # rounds pay while they cost less than 3 plain tokens
-    assert p.breakeven() == pytest.approx(3.5) and p.round_cost() == pytest.approx(3.5)  # on average they do not...
+    made, cost = p.average_round()
+    assert made == pytest.approx(3.0)  # rounds pay while they cost less than 3 plain tokens
+    assert p.breakeven() == pytest.approx(3.5) and cost == pytest.approx(3.5)  # on average they do not...
     assert p.verdict() is True  # ...but the longer matches' do: the route keeps rounds, the pricer declines short ones
     assert not p.worth(1) and p.worth(5)
 

@@ -2,9 +2,9 @@
 
 ``connect`` checks what every vLLM route needs (it answers, serves one model, tokenizes exactly
 as the route's tokenizer) and reads what decides the mode: a server running DraftGate's proposer
-(speculative-decoding metrics) drafts and verifies itself (``vllm_plugin``); one started with
+(speculative-decoding metrics) drafts and verifies itself (``plugin_route``); one started with
 ``--enable-scale-out`` serves the token route the gateway's rounds score through
-(``vllm_target``). ``check_rows`` proves, once, that the server reports rows inside its prefix
+(``target``). ``check_rows`` proves, once, that the server reports rows inside its prefix
 cache in a way the rounds can tell apart from computed ones; ``check_numerics`` measures how far a
 scoring pass and vLLM's decode steps disagree on this server, which sets the margin a scored
 argmax needs to count as vLLM's choice.

@@ -1,7 +1,7 @@
 """VllmTargetEngine: the engine with its target on a vLLM server that only scores (``vllm+http://`` rounds).
 
 Not a loop of its own: ``Engine`` runs every request (drafting, stats, stops) over
-``vllm_target.VllmRoundTarget``, whose declared pricer (``TargetInfo.pricer``) tells the engine's
+``target.VllmRoundTarget``, whose declared pricer (``TargetInfo.pricer``) tells the engine's
 policy which lookup drafts are worth a scoring round on this server. This class checks the
 server at start (``checks``) and sends a request to vLLM's own decoding, relayed untouched
 (``plugin_route.VllmPluginBackend`` as a pass-through), where rounds cannot help it: a sampled

@@ -20,8 +20,8 @@ Per request, ``RouteGate`` asks the same prices whether rounds pay on this serve
 evidence bucket's measured rounds beat plain decoding (``RoundPricer.verdict``), greedy requests
 pass through to vLLM's own decoding, relayed untouched (one in ``PROBE_REQUESTS`` still runs rounds,
 so a change is seen). A round pays when it emits more tokens than it costs plain tokens: the
-break-even round cost is the tokens a scored round emits (``tokens_per_round``), logged with the
-measured cost (``round_cost``) at each switch. Pure Python, thread-safe.
+break-even round cost is the tokens a scored round emits, logged with the measured cost at each
+switch (``average_round``). Pure Python, thread-safe.
 """
 
 from __future__ import annotations
@@ -100,31 +100,24 @@ class RoundPricer:
             round_s = statistics.median(self._round_s)
         return round_s / step
 
-    def tokens_per_round(self) -> float | None:
-        """Tokens a scored round emitted, on average over the buckets' recent rounds (None before any):
-        the round cost, in plain tokens, below which rounds pay."""
-        with self._lock:
-            obs = [t for rounds in self._rounds.values() for t, _ in rounds]
-        return sum(obs) / len(obs) if obs else None
-
-    def round_cost(self) -> float | None:
-        """What a scored round cost, in plain tokens (reopening a stream included), on average over the
-        buckets' recent rounds (None before any)."""
+    def average_round(self) -> tuple[float, float] | None:
+        """(tokens a scored round emitted, what it cost in plain tokens, reopening a stream included),
+        averaged over the buckets' recent rounds (None before any round or plain token). The first is
+        the round cost below which rounds pay."""
         step = self.step()
         with self._lock:
-            obs = [s for rounds in self._rounds.values() for _, s in rounds]
-        return sum(obs) / len(obs) / step if obs and step else None
+            obs = [o for rounds in self._rounds.values() for o in rounds]
+        if step is None or not obs:
+            return None
+        return sum(t for t, _ in obs) / len(obs), sum(s for _, s in obs) / len(obs) / step
 
     def verdict(self) -> bool | None:
         """Do rounds pay on this server? None: no bucket has rounds enough to tell; else whether any
         measured bucket's rounds emit faster than plain decoding."""
         step = self.step()
         with self._lock:
-            rates = [
-                sum(t for t, _ in obs) / max(1e-9, sum(s for _, s in obs))
-                for obs in self._rounds.values()
-                if len(obs) >= MIN_ROUNDS
-            ]
+            buckets = list(self._rounds)
+        rates = [r for b in buckets if (r := self.round_rate(b)) is not None]
         if step is None or not rates:
             return None
         return any(rate * step > 1.0 for rate in rates)
@@ -187,7 +180,7 @@ class RouteGate:
             return False
 
     def _prices(self) -> str:
-        cost, made = self.pricer.round_cost() or 0.0, self.pricer.tokens_per_round() or 0.0
+        made, cost = self.pricer.average_round() or (0.0, 0.0)
         return (
             f"a scored round cost {cost:.2f} plain tokens and emitted {made:.2f} on average; "
             "rounds pay where they emit more than they cost"

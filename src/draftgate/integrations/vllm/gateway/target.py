@@ -3,16 +3,16 @@
 The round target (``engine.target.RoundTarget``) of a route whose target is a vLLM server
 started with ``--enable-scale-out``; the request loop and the drafter are the engine's. Every
 sequence keeps **a plain stream** open on vLLM: its own decoding from the sequence's history,
-read by a thread of its own (``vllm_wire.VllmStream``). A round without drafts (and a request's
+read by a thread of its own (``wire.VllmStream``). A round without drafts (and a request's
 first token) takes the stream's next token, so plain stretches run at vLLM's own decode speed,
 never one request per token (the hand-off).
 
 A round with drafts is **scored while the stream goes on**: one request over history + drafts
-(``VllmWire.score``, the prefix cache read); each row's argmax (``vllm_wire.read_row``: only
+(``VllmWire.score``, the prefix cache read); each row's argmax (``wire.read_row``: only
 computed, well-formed rows) and vLLM's choice after the last draft become logits (0 at the
 argmax, -inf elsewhere) that ``verify.verify_round`` verifies: token for token vLLM's greedy
 choice. A scoring pass rounds differently from a decode step, so a row's argmax counts only where
-it leads the runner-up by ``margin`` (``vllm_checks.check_numerics`` measures the difference at
+it leads the runner-up by ``margin`` (``checks.check_numerics`` measures the difference at
 start-up; the margin is 20 times it, at least 1e-3): a position closer than that is a *near tie*,
 taken from the stream like a row vLLM did not compute (counted). The round then emits whichever
 went further, the verified tokens or the stream's (the stream's where they differ: vLLM's own
@@ -28,7 +28,7 @@ in any way (an HTTP error, a timeout, a malformed answer, any exception) emits t
 token instead (a ``fallback`` round); only a failed stream ends the request.
 
 Which lookup drafts are worth a round is priced by what rounds cost on this server
-(``vllm_pricing.RoundPricer``, measured here): the target declares it (``TargetInfo.pricer``) and
+(``pricing.RoundPricer``, measured here): the target declares it (``TargetInfo.pricer``) and
 the engine's policy asks it of each lookup draft's evidence (``Draft.context``); a draft it
 declines is never sent. A sampled request's drafts, and a sequence whose context vLLM keeps
 cached past its end, decode plainly (``declined``).

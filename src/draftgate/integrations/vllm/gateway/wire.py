@@ -1,6 +1,6 @@
 """vLLM's token-in/token-out route (``POST /inference/v1/generate``, server flag ``--enable-scale-out``).
 
-The wire under the gateway's vLLM round target (``vllm_target.VllmRoundTarget``): token ids in,
+The wire under the gateway's vLLM round target (``target.VllmRoundTarget``): token ids in,
 token ids out, no text anywhere. Two calls:
 
 * ``score``: one request over ``history + drafts`` with ``max_tokens: 1``, ``prompt_logprobs: 2``,
